@@ -1,0 +1,81 @@
+//! Builds the stages from a `Config` and owns their lifetimes and shutdown order:
+//! stop accepting → in-flight exchanges finish (grace period) → capture queue drains through the pipeline
+//! thread (which closes open trajectories) → the store writer commits what is queued → exit.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::capture::CaptureTx;
+use crate::config::Config;
+use crate::proxy::Proxy;
+use crate::store::StoreWriter;
+use crate::telemetry::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Tls(#[from] crate::proxy::forward::TlsSetupError),
+    #[error("cannot start a worker thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// How long in-flight exchanges may take to finish after a shutdown signal.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
+    let metrics = Arc::new(Metrics::default());
+    let conn = crate::store::open(&config.data_dir)?;
+    let (store_tx, store_thread) =
+        StoreWriter::spawn(conn, config.store.clone(), metrics.clone()).map_err(AppError::Thread)?;
+
+    let (capture_tx, pipeline_thread) = if config.capture.enabled {
+        let (tx, rx) = CaptureTx::channel(config.capture.queue_capacity, metrics.clone());
+        let thread = crate::pipeline::spawn(rx, store_tx.clone(), config.derive.clone(), metrics.clone())
+            .map_err(AppError::Thread)?;
+        (Some(tx), Some(thread))
+    } else {
+        (None, None)
+    };
+    drop(store_tx);
+
+    let proxy = Arc::new(Proxy::new(&config, capture_tx, metrics.clone())?);
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| AppError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let local = listener.local_addr().unwrap_or(config.listen);
+    // Machine-readable first line on stdout: tests and scripts read the bound port from it.
+    println!("llmtap listening on http://{local}");
+    tracing::info!(listen = %local, data_dir = %config.data_dir.display(), upstreams = config.upstreams.len(), "Started");
+
+    proxy.serve(listener, shutdown, SHUTDOWN_GRACE).await;
+    // Every CaptureTx clone lives in the proxy and its in-flight bodies; both are gone now.
+    let threads = tokio::task::spawn_blocking(move || {
+        if let Some(t) = pipeline_thread {
+            let _ = t.join();
+        }
+        let _ = store_thread.join();
+    });
+    let _ = threads.await;
+    tracing::info!(
+        captured = metrics.captured.get(),
+        dropped = metrics.capture_dropped.get(),
+        stored = metrics.stored.get(),
+        "Stopped"
+    );
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! The contract between the data path and the pipeline.
+//!
+//! The data path builds one [`RawExchange`] per HTTP exchange out of `Bytes` clones and hands it over with
+//! exactly one non-blocking [`CaptureTx::try_send`]. Everything else (decoding, parsing, reassembly,
+//! derivation, storage) happens on other threads.
+
+pub mod decode;
+pub mod sse;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use std::sync::mpsc;
+
+use crate::telemetry::Metrics;
+
+/// Which API an exchange spoke, decided from the upstream's family and the request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Api {
+    #[serde(rename = "openai.chat")]
+    OpenAiChat,
+    #[serde(rename = "openai.responses")]
+    OpenAiResponses,
+    #[serde(rename = "anthropic.messages")]
+    AnthropicMessages,
+    #[serde(rename = "gemini.generate_content")]
+    GeminiGenerateContent,
+    /// Anything else on a configured upstream (embeddings, model lists, token counting, ...).
+    #[serde(rename = "other")]
+    Other,
+}
+
+impl Api {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::OpenAiChat => "openai.chat",
+            Api::OpenAiResponses => "openai.responses",
+            Api::AnthropicMessages => "anthropic.messages",
+            Api::GeminiGenerateContent => "gemini.generate_content",
+            Api::Other => "other",
+        }
+    }
+
+    pub fn parse(s: &str) -> Api {
+        match s {
+            "openai.chat" => Api::OpenAiChat,
+            "openai.responses" => Api::OpenAiResponses,
+            "anthropic.messages" => Api::AnthropicMessages,
+            "gemini.generate_content" => Api::GeminiGenerateContent,
+            _ => Api::Other,
+        }
+    }
+}
+
+/// How an exchange ended, from the client's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The whole response reached the client and was captured.
+    Complete,
+    /// The client went away before the response ended; the upstream request was cancelled.
+    ClientGone,
+    /// The upstream could not be reached, or failed mid-body.
+    UpstreamError,
+    /// The response was forwarded completely but exceeded the capture cap.
+    Truncated,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Complete => "complete",
+            Outcome::ClientGone => "client_gone",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::Truncated => "truncated",
+        }
+    }
+
+    pub fn parse(s: &str) -> Outcome {
+        match s {
+            "complete" => Outcome::Complete,
+            "client_gone" => Outcome::ClientGone,
+            "truncated" => Outcome::Truncated,
+            _ => Outcome::UpstreamError,
+        }
+    }
+}
+
+/// One direction of an exchange as captured: redacted headers and the body as the frames that passed.
+#[derive(Debug, Clone, Default)]
+pub struct Captured {
+    /// Header name → value, secrets already replaced (see `proxy::redact`).
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<Bytes>,
+    /// Bytes seen, including those past the cap.
+    pub len: u64,
+    /// The cap was hit: `body` holds only a prefix.
+    pub truncated: bool,
+    /// The body reached its end (false when the stream was cut).
+    pub ended: bool,
+}
+
+impl Captured {
+    /// Concatenate the captured frames (off the data path only).
+    pub fn body_bytes(&self) -> Vec<u8> {
+        let total: usize = self.body.iter().map(|b| b.len()).sum();
+        let mut out = Vec::with_capacity(total);
+        for b in &self.body {
+            out.extend_from_slice(b);
+        }
+        out
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Wall-clock microseconds since the Unix epoch.
+pub type UnixMicros = i64;
+
+pub fn now_micros() -> UnixMicros {
+    chrono::Utc::now().timestamp_micros()
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timings {
+    /// Request head received from the client.
+    pub start: UnixMicros,
+    /// First response body byte from the upstream (None if none arrived).
+    pub first_byte: Option<UnixMicros>,
+    /// Response finished (or failed, or the client left).
+    pub end: UnixMicros,
+}
+
+/// Session metadata the agent passed with `x-llmtap-*` headers or the `/s/<id>/` path form.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ExchangeMeta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    /// W3C trace context the agent sent, kept so exports can join the agent's own trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+}
+
+/// Everything the data path knows about one exchange.
+#[derive(Debug, Clone)]
+pub struct RawExchange {
+    /// UUIDv7, time ordered.
+    pub id: String,
+    pub upstream: Arc<str>,
+    pub api: Api,
+    pub method: String,
+    /// Path as sent upstream (after the route prefix), query secrets redacted.
+    pub path: String,
+    pub status: Option<u16>,
+    pub request: Captured,
+    pub response: Option<Captured>,
+    pub timings: Timings,
+    pub outcome: Outcome,
+    pub error: Option<String>,
+    pub meta: ExchangeMeta,
+}
+
+/// The data path's only handle on the pipeline. Cloning is cheap.
+#[derive(Clone)]
+pub struct CaptureTx {
+    /// std's bounded channel: `try_send` never blocks or allocates per call, and the consumer is a plain
+    /// thread that can wait with a timeout.
+    tx: mpsc::SyncSender<RawExchange>,
+    metrics: Arc<Metrics>,
+}
+
+pub type CaptureRx = mpsc::Receiver<RawExchange>;
+
+impl CaptureTx {
+    pub fn channel(capacity: usize, metrics: Arc<Metrics>) -> (CaptureTx, CaptureRx) {
+        let (tx, rx) = mpsc::sync_channel(capacity);
+        (CaptureTx { tx, metrics }, rx)
+    }
+
+    /// Hand one exchange to the pipeline. Never blocks: a full (or closed) queue drops and counts.
+    pub fn try_send(&self, exchange: RawExchange) {
+        match self.tx.try_send(exchange) {
+            Ok(()) => self.metrics.captured.inc(),
+            Err(_) => self.metrics.capture_dropped(),
+        }
+    }
+}

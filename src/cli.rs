@@ -1,0 +1,103 @@
+//! Command line. Pipeline shape lives in the config file; runtime-only knobs are flags.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "llmtap",
+    version,
+    about = "Transparent LLM proxy that captures calls and derives agent steps"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct StoreArgs {
+    /// Config file (TOML); its data_dir is used unless --data-dir is given.
+    #[arg(long, short = 'c', env = "LLMTAP_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Directory holding the store (default: $LLMTAP_DATA_DIR, else $XDG_DATA_HOME/llmtap, else ~/.local/share/llmtap).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct Selection {
+    /// Only this session (the x-llmtap-session value) or trajectory id.
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Only calls started at or after this RFC 3339 time.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only calls started at or before this RFC 3339 time.
+    #[arg(long)]
+    pub until: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// One JSON object per captured HTTP exchange, streams reassembled.
+    ProviderTraces,
+    /// One JSON object per derived step (opentraces Step fields plus trajectory and trace ids).
+    Steps,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy.
+    Serve {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Address to listen on (default 127.0.0.1:8787). Binding beyond loopback must be asked for.
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Validate a config file and print the resolved upstreams.
+    CheckConfig {
+        #[arg(long, short = 'c')]
+        config: Option<PathBuf>,
+    },
+    /// List trajectories (sessions) derived from captured traffic.
+    Sessions {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[command(flatten)]
+        select: Selection,
+        /// Print JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List captured calls.
+    Traces {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[command(flatten)]
+        select: Selection,
+        #[arg(long)]
+        limit: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Export captured data as JSON lines.
+    Export {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[command(flatten)]
+        select: Selection,
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        /// Output file (default: stdout).
+        #[arg(long, short = 'o')]
+        out: Option<PathBuf>,
+    },
+    /// Print a running llmtap's counters (from its /metrics endpoint).
+    Status {
+        /// Address of the running llmtap.
+        #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
+        addr: String,
+    },
+}

@@ -1,0 +1,372 @@
+//! Configuration: TOML → `RawConfig` (serde, `deny_unknown_fields`) → `Config` via a pure `validate()`.
+//!
+//! Defaults live in one place (the `Default` impls here) and are the documented defaults in
+//! `config/llmtap.example.toml`. Errors carry the dotted path of the offending key.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Which wire protocol family an upstream speaks. Selects the provider adapters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApiFamily {
+    Openai,
+    Anthropic,
+    Gemini,
+}
+
+impl ApiFamily {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiFamily::Openai => "openai",
+            ApiFamily::Anthropic => "anthropic",
+            ApiFamily::Gemini => "gemini",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: at `{key}`: {message}")]
+    Parse {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+    #[error("invalid config: `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+// === raw (what the file says) ===
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub capture: RawCapture,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub derive: RawDerive,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCapture {
+    pub enabled: Option<bool>,
+    pub max_body_bytes: Option<usize>,
+    pub queue_capacity: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub batch_size: Option<usize>,
+    pub retention_days: Option<u64>,
+    pub max_traces: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDerive {
+    pub idle_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub url: String,
+    pub api: Option<ApiFamily>,
+    pub ca_file: Option<PathBuf>,
+}
+
+// === validated (what the program uses) ===
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub capture: CaptureConfig,
+    pub store: StoreConfig,
+    pub derive: DeriveConfig,
+    /// Keyed by route name (the first path segment).
+    pub upstreams: BTreeMap<String, UpstreamConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CaptureConfig {
+    pub enabled: bool,
+    /// Per direction, per exchange. Beyond it the body is still forwarded; the trace is marked truncated.
+    pub max_body_bytes: usize,
+    /// Exchanges waiting to be processed. When full, new exchanges are dropped and counted (never blocks).
+    pub queue_capacity: usize,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            enabled: true,
+            max_body_bytes: 32 * 1024 * 1024,
+            queue_capacity: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub batch_size: usize,
+    /// 0 = keep forever.
+    pub retention_days: u64,
+    /// 0 = unbounded.
+    pub max_traces: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            batch_size: 256,
+            retention_days: 30,
+            max_traces: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DeriveConfig {
+    pub idle_timeout: Duration,
+}
+
+impl Default for DeriveConfig {
+    fn default() -> Self {
+        DeriveConfig {
+            idle_timeout: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub name: String,
+    /// Scheme + authority + optional path prefix, no trailing slash.
+    pub url: http::Uri,
+    pub api: ApiFamily,
+    pub ca_file: Option<PathBuf>,
+}
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+
+/// The built-in upstreams: route `/<name>/...` to the provider's public API.
+pub fn builtin_upstreams() -> [(&'static str, &'static str, ApiFamily); 3] {
+    [
+        ("openai", "https://api.openai.com", ApiFamily::Openai),
+        ("anthropic", "https://api.anthropic.com", ApiFamily::Anthropic),
+        ("gemini", "https://generativelanguage.googleapis.com", ApiFamily::Gemini),
+    ]
+}
+
+/// `$LLMTAP_DATA_DIR`, else `$XDG_DATA_HOME/llmtap`, else `~/.local/share/llmtap`, else `./llmtap-data`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("LLMTAP_DATA_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
+        return PathBuf::from(d).join("llmtap");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return PathBuf::from(h).join(".local/share/llmtap");
+    }
+    PathBuf::from("llmtap-data")
+}
+
+impl RawConfig {
+    pub fn from_file(path: &Path) -> Result<RawConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|(key, message)| ConfigError::Parse {
+            path: path.to_owned(),
+            key,
+            message,
+        })
+    }
+
+    /// Parse TOML text; on error return (dotted key path, message).
+    pub fn from_toml(text: &str) -> Result<RawConfig, (String, String)> {
+        let de = toml::Deserializer::parse(text).map_err(|e| ("<document>".to_owned(), e.to_string()))?;
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            (key, e.into_inner().message().to_owned())
+        })
+    }
+
+    /// Pure validation: no I/O besides nothing; CLI overrides are applied by the caller first.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let listen_text = self.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+        let listen: SocketAddr = listen_text
+            .parse()
+            .map_err(|e| invalid("listen", format!("{listen_text:?} is not HOST:PORT ({e})")))?;
+
+        let cd = CaptureConfig::default();
+        let capture = CaptureConfig {
+            enabled: self.capture.enabled.unwrap_or(cd.enabled),
+            max_body_bytes: self.capture.max_body_bytes.unwrap_or(cd.max_body_bytes),
+            queue_capacity: self.capture.queue_capacity.unwrap_or(cd.queue_capacity),
+        };
+        if capture.queue_capacity == 0 {
+            return Err(invalid("capture.queue_capacity", "must be at least 1"));
+        }
+        let sd = StoreConfig::default();
+        let store = StoreConfig {
+            batch_size: self.store.batch_size.unwrap_or(sd.batch_size).max(1),
+            retention_days: self.store.retention_days.unwrap_or(sd.retention_days),
+            max_traces: self.store.max_traces.unwrap_or(sd.max_traces),
+        };
+        let derive = DeriveConfig {
+            idle_timeout: self
+                .derive
+                .idle_timeout_secs
+                .map(Duration::from_secs)
+                .unwrap_or(DeriveConfig::default().idle_timeout),
+        };
+
+        let mut upstreams = BTreeMap::new();
+        for (name, url, api) in builtin_upstreams() {
+            upstreams.insert(
+                name.to_owned(),
+                UpstreamConfig {
+                    name: name.to_owned(),
+                    url: parse_upstream_url(name, url)?,
+                    api,
+                    ca_file: None,
+                },
+            );
+        }
+        for (name, raw) in self.upstreams {
+            let key = format!("upstreams.{name}");
+            if name.is_empty()
+                || name == "s"
+                || name == "a"
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+            {
+                return Err(invalid(
+                    key,
+                    "upstream names are path segments: letters, digits, '-', '_', '.'; 's' and 'a' are reserved",
+                ));
+            }
+            let builtin_api = builtin_upstreams()
+                .iter()
+                .find(|(n, _, _)| *n == name)
+                .map(|(_, _, a)| *a);
+            let api = match (raw.api, builtin_api) {
+                (Some(a), _) => a,
+                (None, Some(a)) => a,
+                (None, None) => ApiFamily::Openai,
+            };
+            let url = parse_upstream_url(&format!("{key}.url"), &raw.url)?;
+            upstreams.insert(
+                name.clone(),
+                UpstreamConfig {
+                    name,
+                    url,
+                    api,
+                    ca_file: raw.ca_file,
+                },
+            );
+        }
+
+        Ok(Config {
+            listen,
+            data_dir: self.data_dir.unwrap_or_else(default_data_dir),
+            capture,
+            store,
+            derive,
+            upstreams,
+        })
+    }
+}
+
+fn parse_upstream_url(key: &str, text: &str) -> Result<http::Uri, ConfigError> {
+    let trimmed = text.trim_end_matches('/');
+    let uri: http::Uri = trimmed
+        .parse()
+        .map_err(|e| invalid(key, format!("{text:?} is not a URL ({e})")))?;
+    match uri.scheme_str() {
+        Some("https") | Some("http") => {}
+        _ => return Err(invalid(key, format!("{text:?} must start with https:// or http://"))),
+    }
+    if uri.authority().is_none() {
+        return Err(invalid(key, format!("{text:?} has no host")));
+    }
+    if uri.query().is_some() {
+        return Err(invalid(key, "must not contain a query string"));
+    }
+    Ok(uri)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_have_three_builtins_on_loopback() {
+        let c = RawConfig::default().validate().unwrap();
+        assert!(c.listen.ip().is_loopback());
+        assert_eq!(c.upstreams.len(), 3);
+        assert_eq!(c.upstreams["anthropic"].api, ApiFamily::Anthropic);
+    }
+
+    #[test]
+    fn unknown_key_error_names_its_path() {
+        let (key, msg) = RawConfig::from_toml("[upstreams.groq]\nurl = \"https://x\"\nurll = 1\n").unwrap_err();
+        assert_eq!(key, "upstreams.groq.urll");
+        assert!(msg.contains("urll"), "{msg}");
+        let (key, _) = RawConfig::from_toml("[capture]\nmax_body_bytes = \"big\"\n").unwrap_err();
+        assert_eq!(key, "capture.max_body_bytes");
+    }
+
+    #[test]
+    fn custom_upstream_defaults_to_openai_api_and_overrides_builtin() {
+        let raw = RawConfig::from_toml(
+            "[upstreams.groq]\nurl = \"https://api.groq.com/openai/\"\n[upstreams.anthropic]\nurl = \"http://127.0.0.1:9\"\n",
+        )
+        .unwrap();
+        let c = raw.validate().unwrap();
+        assert_eq!(c.upstreams["groq"].api, ApiFamily::Openai);
+        assert_eq!(c.upstreams["groq"].url.path(), "/openai");
+        assert_eq!(c.upstreams["anthropic"].api, ApiFamily::Anthropic);
+        assert_eq!(c.upstreams["anthropic"].url.scheme_str(), Some("http"));
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_key() {
+        let raw = RawConfig::from_toml("[upstreams.x]\nurl = \"ftp://h\"\n").unwrap();
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(err.contains("upstreams.x.url"), "{err}");
+        let raw = RawConfig::from_toml("listen = \"nope\"\n").unwrap();
+        assert!(raw.validate().unwrap_err().to_string().contains("`listen`"));
+    }
+}

@@ -1,0 +1,620 @@
+//! Derivation: provider traces → agent trajectories and steps.
+//!
+//! The `Deriver` runs on the pipeline thread and owns all cross-call state, so it needs no locks. Most facts
+//! are functions of one exchange (see `identity`): trajectory id, step index, user steps. The cross-call facts
+//! need the previous calls this process saw:
+//! - observations: tool results in request N+1 are joined to the tool calls of step N by call id (globally,
+//!   because a handoff carries the parent's call into the child's request), with the time in between as an
+//!   upper bound on the tool's duration;
+//! - sub-agents: a new root that carries another trajectory's call id (handoff), or whose first user turn or
+//!   system prompt contains an argument of another trajectory's outstanding call (Task/transfer tools);
+//! - retries: a new root whose first call failed before producing any turn is adopted by the next root with
+//!   the same system prompt and first user turn;
+//! - prefix reuse: how much of this prompt repeats the previous call's prompt and output.
+//!
+//! Steps are emitted at once and re-emitted (upserted by `step_id`) when late facts arrive; trajectories close
+//! after the idle timeout, when dangling calls get an `error: "no_result"` observation.
+
+pub mod identity;
+pub mod snippets;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::capture::{Outcome, UnixMicros};
+use crate::config::DeriveConfig;
+use crate::model::call::{NormalizedCall, Part, Role};
+use crate::model::step::{
+    CallType, Observation, Step, StepRole, StepTimings, StepToolCall, TokenUsage, TrajectorySummary,
+};
+use crate::model::trace::{ProviderTrace, rfc3339};
+use crate::pipeline::process::Processed;
+use crate::store::Record;
+use identity::{fingerprint, message_bytes, output_as_message, output_is_empty, root_keys, system_prompt_hash};
+
+/// Calls with at most this many output tokens allowed are cache-priming / quota probes.
+const WARMUP_MAX_TOKENS: u64 = 1;
+/// Argument values shorter than this are too common to identify a sub-agent by.
+const MIN_ARG_MATCH_LEN: usize = 6;
+const OUTPUT_SUMMARY_CHARS: usize = 200;
+
+struct ParentRef {
+    trajectory_id: String,
+    step_index: u32,
+    tool_call_id: String,
+    agent_role: Option<String>,
+}
+
+/// What the next call of a trajectory is compared with for prefix reuse.
+struct LastCall {
+    system_hash: Option<String>,
+    /// Request messages followed by the output turn.
+    fingerprints: Vec<u64>,
+    bytes: Vec<usize>,
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+struct Trajectory {
+    summary: TrajectorySummary,
+    /// Agent steps that may still receive late facts, by step index.
+    steps: BTreeMap<u32, Step>,
+    /// Tool call id → step index, for calls still waiting for their result.
+    open_calls: HashMap<String, u32>,
+    last: Option<LastCall>,
+    last_end_us: UnixMicros,
+    last_seen_us: UnixMicros,
+    next_index: u32,
+    parent: Option<(String, u32, String, Option<String>)>,
+    models: BTreeSet<String>,
+    call_types: BTreeSet<&'static str>,
+}
+
+pub struct Deriver {
+    config: DeriveConfig,
+    trajectories: HashMap<String, Trajectory>,
+    /// Open tool call id → owning trajectory.
+    call_owner: HashMap<String, String>,
+    /// Response id → trajectory, for `previous_response_id` chains.
+    response_owner: HashMap<String, String>,
+    /// Root key → trajectory id, when a root was adopted by an earlier trajectory (retry after failure).
+    aliases: HashMap<String, String>,
+    /// Prefix key → trajectory id of a first call that failed before producing a turn.
+    failed_roots: HashMap<String, String>,
+}
+
+impl Deriver {
+    pub fn new(config: DeriveConfig) -> Deriver {
+        Deriver {
+            config,
+            trajectories: HashMap::new(),
+            call_owner: HashMap::new(),
+            response_owner: HashMap::new(),
+            aliases: HashMap::new(),
+            failed_roots: HashMap::new(),
+        }
+    }
+
+    /// Turn one processed exchange into store records: the trace, its steps, updated earlier steps and the
+    /// trajectory summary.
+    pub fn observe(&mut self, processed: Processed) -> Vec<Record> {
+        let Processed { mut trace, call, .. } = processed;
+        let Some(call) = call else {
+            return vec![Record::Trace(Box::new(trace))];
+        };
+        let mut out = Vec::new();
+        let traj_id = self.trajectory_id(&trace, &call);
+        trace.trajectory_id = Some(traj_id.clone());
+        let is_new = !self.trajectories.contains_key(&traj_id);
+        let parent = if is_new {
+            self.find_parent(&traj_id, &call)
+        } else {
+            None
+        };
+        let now = trace.timings.start;
+
+        // Observations: tool results anywhere after the last assistant turn answer earlier calls.
+        let last_assistant = call.messages.iter().rposition(|m| m.role == Role::Assistant);
+        let delta_start = last_assistant.map_or(0, |i| i + 1);
+        for m in &call.messages[delta_start..] {
+            for p in &m.parts {
+                if let Part::ToolResult {
+                    call_id,
+                    content,
+                    is_error,
+                    ..
+                } = p
+                    && let Some(step) = self.attach_observation(call_id, content, *is_error, now)
+                {
+                    out.push(Record::Step(Box::new(step)));
+                }
+            }
+        }
+
+        let traj = self.trajectories.entry(traj_id.clone()).or_insert_with(|| Trajectory {
+            summary: TrajectorySummary {
+                trajectory_id: traj_id.clone(),
+                session_id: trace.meta.session.clone(),
+                agent: trace.meta.agent.clone(),
+                started_at: rfc3339(trace.timings.start),
+                ..TrajectorySummary::default()
+            },
+            steps: BTreeMap::new(),
+            open_calls: HashMap::new(),
+            last: None,
+            last_end_us: 0,
+            last_seen_us: now,
+            next_index: 0,
+            parent: parent.map(|p| (p.trajectory_id, p.step_index, p.tool_call_id, p.agent_role)),
+            models: BTreeSet::new(),
+            call_types: BTreeSet::new(),
+        });
+
+        // Step indexes: from the request itself (replica-independent), except for server-side conversation
+        // state where the request carries only the new turn.
+        let native_chain = call.previous_response_id.is_some() || call.conversation_id.is_some();
+        let mut index: u32 = if native_chain { traj.next_index } else { 0 };
+        let mut user_steps = Vec::new();
+        for (i, m) in call.messages.iter().enumerate() {
+            match m.role {
+                Role::Assistant => index += 1,
+                Role::User if m.has_user_text() => {
+                    if i >= delta_start {
+                        user_steps.push((index, m.text()));
+                    }
+                    index += 1;
+                }
+                _ => {}
+            }
+        }
+        let agent_index = index;
+        traj.next_index = traj.next_index.max(agent_index + 1);
+
+        let call_type = if call.max_output_tokens.is_some_and(|m| m <= WARMUP_MAX_TOKENS) {
+            CallType::Warmup
+        } else if traj.parent.is_some() {
+            CallType::Subagent
+        } else {
+            CallType::Main
+        };
+        let sp_hash = call.system.as_deref().map(system_prompt_hash);
+        if let (Some(h), Some(text)) = (&sp_hash, &call.system) {
+            traj.summary
+                .system_prompts
+                .entry(h.clone())
+                .or_insert_with(|| text.clone());
+        }
+        if traj.summary.tool_definitions.is_empty() && !call.tools.is_empty() {
+            traj.summary.tool_definitions = call.tools.iter().filter_map(|t| serde_json::to_value(t).ok()).collect();
+        }
+        let (parent_traj, parent_step, parent_call, agent_role) = match &traj.parent {
+            Some((t, s, c, r)) => (
+                Some(t.clone()),
+                Some(*s),
+                Some(c.clone()),
+                r.clone().or(Some("subagent".into())),
+            ),
+            None => (None, None, None, Some("main".to_owned())),
+        };
+        let timestamp = rfc3339(trace.timings.start);
+        let base = StepBase {
+            traj_id: &traj_id,
+            session: trace.meta.session.clone(),
+            agent: trace.meta.agent.clone(),
+            sp_hash: sp_hash.clone(),
+            tools: call.tools.iter().map(|t| t.name.clone()).collect(),
+            agent_role,
+            parent_step,
+            parent_traj,
+            parent_call,
+            call_type,
+            timestamp: timestamp.clone(),
+        };
+
+        for (idx, text) in user_steps {
+            let mut s = base.step(idx, StepRole::User);
+            s.content = Some(text);
+            s.model = None;
+            out.push(Record::Step(Box::new(s)));
+        }
+
+        // The agent step.
+        let usage = call.usage.unwrap_or_default();
+        let (prefix_reuse, estimated) = prefix_reuse(traj.last.as_ref(), &call, sp_hash.as_deref());
+        let model = trace.model.clone().or(call.model_requested.clone());
+        let mut step = base.step(agent_index, StepRole::Agent);
+        step.content = call.output.text.clone().or(call.output.refusal.clone());
+        step.reasoning_content = call.output.reasoning.clone();
+        step.model = model.as_ref().map(|m| format!("{}/{m}", trace.upstream));
+        step.tool_calls = call
+            .output
+            .tool_calls
+            .iter()
+            .map(|c| StepToolCall {
+                tool_call_id: c.id.clone(),
+                tool_name: c.name.clone(),
+                input: c.arguments.clone(),
+                duration_ms: None,
+            })
+            .collect();
+        step.snippets = step
+            .content
+            .as_deref()
+            .map(|t| snippets::fenced_blocks(t, agent_index))
+            .unwrap_or_default();
+        step.token_usage = TokenUsage {
+            input_tokens: usage.input,
+            output_tokens: usage.output,
+            cache_read_tokens: usage.cache_read.unwrap_or(0),
+            cache_write_tokens: usage.cache_write.unwrap_or(0),
+            prefix_reuse_tokens: prefix_reuse,
+            reasoning_tokens: usage.reasoning.unwrap_or(0),
+            prefix_reuse_estimated: estimated,
+        };
+        step.reasoning_tokens = usage.reasoning;
+        step.provider_trace_id = Some(trace.id.clone());
+        step.provider = Some(trace.upstream.clone());
+        step.response_id = call.response_id.clone();
+        step.finish_reason = call.finish_reason.map(|f| f.as_str().to_owned());
+        let (status, error) = step_status(&trace, &call);
+        step.status = status.to_owned();
+        step.error = error;
+        step.timings = Some(StepTimings {
+            started_at: timestamp,
+            first_token_at: trace.timings.first_byte.map(rfc3339),
+            ended_at: rfc3339(trace.timings.end),
+            duration_ms: (trace.timings.end - trace.timings.start) as f64 / 1000.0,
+            time_to_first_token_ms: trace
+                .timings
+                .first_byte
+                .map(|f| (f - trace.timings.start) as f64 / 1000.0),
+        });
+
+        for c in &call.output.tool_calls {
+            traj.open_calls.insert(c.id.clone(), agent_index);
+            self.call_owner.insert(c.id.clone(), traj_id.clone());
+        }
+        if let Some(rid) = &call.response_id {
+            self.response_owner.insert(rid.clone(), traj_id.clone());
+        }
+
+        // Bookkeeping for the next call.
+        let mut fps: Vec<u64> = call.messages.iter().map(fingerprint).collect();
+        let mut bytes: Vec<usize> = call.messages.iter().map(message_bytes).collect();
+        let out_msg = output_as_message(&call.output);
+        fps.push(fingerprint(&out_msg));
+        bytes.push(message_bytes(&out_msg));
+        traj.last = Some(LastCall {
+            system_hash: sp_hash,
+            fingerprints: fps,
+            bytes,
+            input_tokens: usage.input,
+            output_tokens: usage.output,
+        });
+        traj.last_end_us = trace.timings.end;
+        traj.last_seen_us = trace.timings.end.max(now);
+        if let Some(m) = &model {
+            traj.models.insert(m.clone());
+        }
+        traj.call_types.insert(call_type.as_str());
+        let s = &mut traj.summary;
+        s.llm_calls += 1;
+        s.input_tokens += usage.input;
+        s.output_tokens += usage.output;
+        s.cache_read_tokens += usage.cache_read.unwrap_or(0);
+        s.ended_at = rfc3339(trace.timings.end);
+        s.steps = s.steps.max(agent_index + 1);
+        s.models = traj.models.iter().cloned().collect();
+        s.call_types = traj.call_types.iter().map(|c| (*c).to_owned()).collect();
+        if s.agent.is_none() {
+            s.agent = trace.meta.agent.clone();
+        }
+        if let Some((pt, ps, _, _)) = &traj.parent {
+            s.parent_trajectory_id = Some(pt.clone());
+            s.parent_step = Some(*ps);
+        }
+        let summary = s.clone();
+
+        // Keep only steps that can still change: those with open calls, and the latest.
+        let open: BTreeSet<u32> = traj.open_calls.values().copied().collect();
+        traj.steps.retain(|idx, _| open.contains(idx));
+        traj.steps.insert(agent_index, step.clone());
+
+        out.insert(0, Record::Trace(Box::new(trace)));
+        out.push(Record::Step(Box::new(step)));
+        out.push(Record::Trajectory(Box::new(summary)));
+        out
+    }
+
+    fn trajectory_id(&mut self, trace: &ProviderTrace, call: &NormalizedCall) -> String {
+        if let Some(prev) = &call.previous_response_id {
+            if let Some(t) = self.response_owner.get(prev) {
+                return t.clone();
+            }
+            return format!("tr_{}", crate::model::short_hash(format!("resp\u{1}{prev}").as_bytes()));
+        }
+        if let Some(conv) = &call.conversation_id {
+            return format!("tr_{}", crate::model::short_hash(format!("conv\u{1}{conv}").as_bytes()));
+        }
+        let scope = trace.meta.session.as_deref().unwrap_or("");
+        let keys = root_keys(scope, call);
+        if let Some(t) = self.aliases.get(&keys.root) {
+            return t.clone();
+        }
+        let id = format!("tr_{}", keys.root);
+        if self.trajectories.contains_key(&id) {
+            return id;
+        }
+        // A first call that produced no turn: remember it so its retry joins the same trajectory.
+        if !keys.has_assistant && output_is_empty(&call.output) {
+            self.failed_roots.insert(keys.prefix, id.clone());
+            return id;
+        }
+        if let Some(failed) = self.failed_roots.remove(&keys.prefix)
+            && self.trajectories.contains_key(&failed)
+        {
+            self.aliases.insert(keys.root, failed.clone());
+            return failed;
+        }
+        id
+    }
+
+    /// For a new root: the outstanding tool call that started it, if any.
+    fn find_parent(&self, traj_id: &str, call: &NormalizedCall) -> Option<ParentRef> {
+        // 1. Handoff: the new root's request carries a call id owned by another trajectory.
+        for m in &call.messages {
+            for p in &m.parts {
+                let id = match p {
+                    Part::ToolCall(c) => &c.id,
+                    Part::ToolResult { call_id, .. } => call_id,
+                    _ => continue,
+                };
+                if let Some(owner) = self.call_owner.get(id).filter(|o| *o != traj_id) {
+                    return self.parent_ref(owner, id);
+                }
+            }
+        }
+        // 2. Task/transfer tools: an outstanding call's argument appears in the new root's first user turn or
+        //    system prompt, or the first user turn appears in the arguments. Most recent trajectory first.
+        let first_user = call
+            .messages
+            .iter()
+            .find(|m| m.role == Role::User)
+            .map(|m| m.text())
+            .unwrap_or_default();
+        let system = call.system.as_deref().unwrap_or("");
+        let mut candidates: Vec<(&String, &Trajectory)> = self
+            .trajectories
+            .iter()
+            .filter(|(id, t)| *id != traj_id && !t.open_calls.is_empty())
+            .collect();
+        candidates.sort_by_key(|(_, t)| std::cmp::Reverse(t.last_seen_us));
+        for (owner, t) in candidates {
+            for (call_id, idx) in &t.open_calls {
+                let Some(step) = t.steps.get(idx) else { continue };
+                let Some(tc) = step.tool_calls.iter().find(|c| &c.tool_call_id == call_id) else {
+                    continue;
+                };
+                let args_text = tc.input.to_string();
+                let arg_hit = string_leaves(&tc.input).iter().any(|s| {
+                    s.len() >= MIN_ARG_MATCH_LEN && (first_user.contains(s.as_str()) || system.contains(s.as_str()))
+                });
+                let prompt_hit = first_user.trim().len() >= 16 && args_text.contains(first_user.trim());
+                if arg_hit || prompt_hit {
+                    return self.parent_ref(owner, call_id);
+                }
+            }
+        }
+        None
+    }
+
+    fn parent_ref(&self, owner: &str, call_id: &str) -> Option<ParentRef> {
+        let t = self.trajectories.get(owner)?;
+        let idx = *t.open_calls.get(call_id)?;
+        let step = t.steps.get(&idx)?;
+        let tc = step.tool_calls.iter().find(|c| c.tool_call_id == call_id)?;
+        let role = ["subagent_type", "agent_name", "agent", "assistant", "name"]
+            .iter()
+            .find_map(|k| tc.input.get(*k).and_then(|v| v.as_str()).map(str::to_owned))
+            .or_else(|| tc.tool_name.strip_prefix("transfer_to_").map(str::to_owned))
+            .or_else(|| Some(tc.tool_name.clone()));
+        Some(ParentRef {
+            trajectory_id: owner.to_owned(),
+            step_index: idx,
+            tool_call_id: call_id.to_owned(),
+            agent_role: role,
+        })
+    }
+
+    /// Link a tool result to its call; returns the updated step to re-emit.
+    fn attach_observation(&mut self, call_id: &str, content: &str, is_error: bool, at: UnixMicros) -> Option<Step> {
+        let owner = self.call_owner.remove(call_id)?;
+        let t = self.trajectories.get_mut(&owner)?;
+        let idx = t.open_calls.remove(call_id)?;
+        let last_end = t.last_end_us;
+        let step = t.steps.get_mut(&idx)?;
+        let ended = step
+            .timings
+            .as_ref()
+            .and_then(|tm| chrono::DateTime::parse_from_rfc3339(&tm.ended_at).ok())
+            .map(|d| d.timestamp_micros())
+            .unwrap_or(last_end);
+        let mut read_snippet = None;
+        if let Some(tc) = step.tool_calls.iter_mut().find(|c| c.tool_call_id == call_id) {
+            tc.duration_ms = Some(((at - ended).max(0) / 1000) as u64);
+            if snippets::is_read_tool(&tc.tool_name) {
+                read_snippet = snippets::from_read_tool(&tc.input, content, idx);
+            }
+        }
+        step.snippets.extend(read_snippet);
+        step.observations.push(Observation {
+            source_call_id: call_id.to_owned(),
+            content: Some(content.to_owned()),
+            output_summary: Some(summarize(content)),
+            error: is_error.then(|| "tool_error".to_owned()),
+        });
+        let updated = step.clone();
+        if !t.open_calls.values().any(|i| *i == idx) && t.steps.keys().next_back() != Some(&idx) {
+            t.steps.remove(&idx);
+        }
+        Some(updated)
+    }
+
+    /// Close trajectories idle for longer than the configured timeout.
+    pub fn close_idle(&mut self, now: UnixMicros) -> Vec<Record> {
+        let idle_us = self.config.idle_timeout.as_micros() as i64;
+        let idle: Vec<String> = self
+            .trajectories
+            .iter()
+            .filter(|(_, t)| now - t.last_seen_us > idle_us)
+            .map(|(id, _)| id.clone())
+            .collect();
+        idle.into_iter().flat_map(|id| self.close(&id)).collect()
+    }
+
+    pub fn close_all(&mut self) -> Vec<Record> {
+        let ids: Vec<String> = self.trajectories.keys().cloned().collect();
+        ids.into_iter().flat_map(|id| self.close(&id)).collect()
+    }
+
+    fn close(&mut self, id: &str) -> Vec<Record> {
+        let Some(mut t) = self.trajectories.remove(id) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (call_id, idx) in t.open_calls.drain() {
+            self.call_owner.remove(&call_id);
+            if let Some(step) = t.steps.get_mut(&idx) {
+                step.observations.push(Observation {
+                    source_call_id: call_id,
+                    content: None,
+                    output_summary: None,
+                    error: Some("no_result".into()),
+                });
+            }
+        }
+        for (_, step) in t.steps {
+            if !step.observations.is_empty() {
+                out.push(Record::Step(Box::new(step)));
+            }
+        }
+        self.response_owner.retain(|_, owner| owner != id);
+        self.aliases.retain(|_, owner| owner != id);
+        self.failed_roots.retain(|_, owner| owner != id);
+        t.summary.closed = true;
+        out.push(Record::Trajectory(Box::new(t.summary)));
+        out
+    }
+}
+
+/// Fields every step of one call shares.
+struct StepBase<'a> {
+    traj_id: &'a str,
+    session: Option<String>,
+    agent: Option<String>,
+    sp_hash: Option<String>,
+    tools: Vec<String>,
+    agent_role: Option<String>,
+    parent_step: Option<u32>,
+    parent_traj: Option<String>,
+    parent_call: Option<String>,
+    call_type: CallType,
+    timestamp: String,
+}
+
+impl StepBase<'_> {
+    fn step(&self, index: u32, role: StepRole) -> Step {
+        Step {
+            step_id: format!("{}/{index}", self.traj_id),
+            trajectory_id: self.traj_id.to_owned(),
+            session_id: self.session.clone(),
+            step_index: index,
+            role,
+            content: None,
+            reasoning_content: None,
+            model: None,
+            system_prompt_hash: self.sp_hash.clone(),
+            agent_role: self.agent_role.clone(),
+            parent_step: self.parent_step,
+            call_type: Some(self.call_type),
+            tools_available: if role == StepRole::Agent {
+                self.tools.clone()
+            } else {
+                Vec::new()
+            },
+            tool_calls: Vec::new(),
+            observations: Vec::new(),
+            snippets: Vec::new(),
+            token_usage: TokenUsage::default(),
+            timestamp: self.timestamp.clone(),
+            agent: self.agent.clone(),
+            parent_trajectory_id: self.parent_traj.clone(),
+            parent_tool_call_id: self.parent_call.clone(),
+            provider_trace_id: None,
+            provider: None,
+            response_id: None,
+            finish_reason: None,
+            status: "ok".into(),
+            error: None,
+            timings: None,
+            reasoning_tokens: None,
+        }
+    }
+}
+
+fn step_status(trace: &ProviderTrace, call: &NormalizedCall) -> (&'static str, Option<String>) {
+    if trace.outcome == Outcome::ClientGone {
+        return (
+            "cancelled",
+            Some("client disconnected before the response ended".into()),
+        );
+    }
+    if let Some(e) = &call.error {
+        return ("error", Some(format!("{}: {}", e.kind, e.message)));
+    }
+    if let Some(e) = &trace.error {
+        return ("error", Some(e.clone()));
+    }
+    match trace.status {
+        Some(s) if s >= 400 => ("error", Some(format!("http_{s}"))),
+        _ => ("ok", None),
+    }
+}
+
+/// Prefix reuse against the previous call of the trajectory: exact when this prompt extends the previous
+/// prompt plus its output turn; otherwise estimated from the bytes of the common message prefix.
+fn prefix_reuse(last: Option<&LastCall>, call: &NormalizedCall, sp_hash: Option<&str>) -> (u64, bool) {
+    let Some(last) = last else { return (0, false) };
+    if last.system_hash.as_deref() != sp_hash {
+        return (0, false);
+    }
+    let fps: Vec<u64> = call.messages.iter().map(fingerprint).collect();
+    let common = fps.iter().zip(&last.fingerprints).take_while(|(a, b)| a == b).count();
+    let prev_total = last.input_tokens + last.output_tokens;
+    if common == last.fingerprints.len() && fps.len() > common {
+        return (prev_total, false);
+    }
+    if common == 0 {
+        return (0, true);
+    }
+    let total: usize = last.bytes.iter().sum();
+    let shared: usize = last.bytes[..common].iter().sum();
+    (((prev_total as f64) * shared as f64 / total.max(1) as f64) as u64, true)
+}
+
+fn string_leaves(v: &serde_json::Value) -> Vec<String> {
+    match v {
+        serde_json::Value::String(s) => vec![s.clone()],
+        serde_json::Value::Array(a) => a.iter().flat_map(string_leaves).collect(),
+        serde_json::Value::Object(o) => o.values().flat_map(string_leaves).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn summarize(content: &str) -> String {
+    let line = content.trim();
+    if line.chars().count() <= OUTPUT_SUMMARY_CHARS {
+        return line.to_owned();
+    }
+    let cut: String = line.chars().take(OUTPUT_SUMMARY_CHARS).collect();
+    format!("{cut}…")
+}

@@ -1,0 +1,240 @@
+//! `llmtap` binary: parse the CLI, load config, run a command. The only place that uses `anyhow` and exit codes.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+use llmtap::cli::{Cli, Command, Selection, StoreArgs};
+use llmtap::config::{Config, RawConfig};
+use llmtap::store::{StoreReader, TraceFilter};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    llmtap::telemetry::init_logging();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llmtap: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(path: Option<&PathBuf>) -> Result<RawConfig> {
+    Ok(match path {
+        Some(p) => RawConfig::from_file(p)?,
+        None => RawConfig::default(),
+    })
+}
+
+fn resolve_config(args: &StoreArgs, listen: Option<String>) -> Result<Config> {
+    let mut raw = load_config(args.config.as_ref())?;
+    if let Some(l) = listen {
+        raw.listen = Some(l);
+    }
+    if let Some(d) = &args.data_dir {
+        raw.data_dir = Some(d.clone());
+    }
+    Ok(raw.validate()?)
+}
+
+fn filter(select: &Selection, limit: Option<u64>) -> Result<TraceFilter> {
+    let parse = |s: &Option<String>, what: &str| -> Result<Option<i64>> {
+        s.as_deref()
+            .map(|t| {
+                chrono::DateTime::parse_from_rfc3339(t)
+                    .map(|d| d.timestamp_micros())
+                    .with_context(|| format!("--{what} {t:?} is not an RFC 3339 time (e.g. 2026-11-21T10:00:00Z)"))
+            })
+            .transpose()
+    };
+    Ok(TraceFilter {
+        session: select.session.clone(),
+        since_us: parse(&select.since, "since")?,
+        until_us: parse(&select.until, "until")?,
+        limit,
+    })
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Serve { store, listen } => {
+            let config = resolve_config(&store, listen)?;
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(async move {
+                let shutdown = CancellationToken::new();
+                let signal = shutdown.clone();
+                tokio::spawn(async move {
+                    wait_for_signal().await;
+                    tracing::info!("Shutdown signal received; finishing in-flight exchanges");
+                    signal.cancel();
+                });
+                llmtap::app::run(config, shutdown).await
+            })?;
+        }
+        Command::CheckConfig { config } => {
+            let c = load_config(config.as_ref())?.validate()?;
+            println!("ok: listen {} data_dir {}", c.listen, c.data_dir.display());
+            for u in c.upstreams.values() {
+                println!("  /{}/ -> {} ({})", u.name, u.url, u.api.as_str());
+            }
+        }
+        Command::Sessions { store, select, json } => {
+            let config = resolve_config(&store, None)?;
+            let reader = StoreReader::open(&config.data_dir)?;
+            let rows = reader.sessions(&filter(&select, None)?)?;
+            let mut out = std::io::stdout().lock();
+            if json {
+                for r in rows {
+                    writeln!(out, "{}", serde_json::to_string(&r.summary)?)?;
+                }
+            } else {
+                writeln!(
+                    out,
+                    "{:<20} {:<14} {:<28} {:>5} {:>5} {:<16} {:>9} {:>9} {:>9} PARENT",
+                    "TRAJECTORY", "AGENT", "MODELS", "STEPS", "CALLS", "CALL TYPES", "IN TOK", "OUT TOK", "DURATION"
+                )?;
+                for r in rows {
+                    let s = r.summary;
+                    let dur = match (
+                        chrono::DateTime::parse_from_rfc3339(&s.started_at),
+                        chrono::DateTime::parse_from_rfc3339(&s.ended_at),
+                    ) {
+                        (Ok(a), Ok(b)) => format!("{:.1}s", (b - a).num_milliseconds() as f64 / 1000.0),
+                        _ => "-".into(),
+                    };
+                    let parent = match (&s.parent_trajectory_id, s.parent_step) {
+                        (Some(p), Some(st)) => format!("{p}#{st}"),
+                        _ => "-".into(),
+                    };
+                    writeln!(
+                        out,
+                        "{:<20} {:<14} {:<28} {:>5} {:>5} {:<16} {:>9} {:>9} {:>9} {}",
+                        s.trajectory_id,
+                        s.agent.as_deref().or(s.session_id.as_deref()).unwrap_or("-"),
+                        s.models.join(","),
+                        s.steps,
+                        s.llm_calls,
+                        s.call_types.join(","),
+                        s.input_tokens,
+                        s.output_tokens,
+                        dur,
+                        parent
+                    )?;
+                }
+            }
+        }
+        Command::Traces {
+            store,
+            select,
+            limit,
+            json,
+        } => {
+            let config = resolve_config(&store, None)?;
+            let reader = StoreReader::open(&config.data_dir)?;
+            let mut out = std::io::stdout().lock();
+            if !json {
+                writeln!(
+                    out,
+                    "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9} {:<28} {:<20}",
+                    "ID", "UPSTREAM", "API", "STATUS", "OUTCOME", "MS", "MODEL", "TRAJECTORY"
+                )?;
+            }
+            reader.for_each_trace(&filter(&select, limit)?, |t| {
+                let line = if json {
+                    let mut v = t.to_export_json();
+                    if let Some(o) = v.as_object_mut() {
+                        o.remove("request");
+                        o.remove("response");
+                    }
+                    v.to_string()
+                } else {
+                    format!(
+                        "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9.1} {:<28} {:<20}",
+                        t.id,
+                        t.upstream,
+                        t.api.as_str(),
+                        t.status.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+                        t.outcome.as_str(),
+                        (t.timings.end - t.timings.start) as f64 / 1000.0,
+                        t.model.as_deref().unwrap_or("-"),
+                        t.trajectory_id.as_deref().unwrap_or("-")
+                    )
+                };
+                let _ = writeln!(out, "{line}");
+                Ok(())
+            })?;
+        }
+        Command::Export {
+            store,
+            select,
+            format,
+            out,
+        } => {
+            let config = resolve_config(&store, None)?;
+            let reader = StoreReader::open(&config.data_dir)?;
+            let f = filter(&select, None)?;
+            let n = match out {
+                Some(path) => {
+                    let file =
+                        std::fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+                    let mut w = std::io::BufWriter::new(file);
+                    llmtap::export::write_jsonl(&reader, format, &f, &mut w)?
+                }
+                None => {
+                    let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+                    llmtap::export::write_jsonl(&reader, format, &f, &mut w)?
+                }
+            };
+            tracing::debug!(records = n, "Export written");
+        }
+        Command::Status { addr } => {
+            let text = fetch_metrics(&addr).with_context(|| format!("cannot reach llmtap at {addr}"))?;
+            for line in text.lines().filter(|l| !l.starts_with('#')) {
+                println!("{line}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// GET /metrics over a plain TCP connection (HTTP/1.0, loopback only).
+fn fetch_metrics(addr: &str) -> Result<String> {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    stream.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+    let mut resp = String::new();
+    stream.read_to_string(&mut resp)?;
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok(body)
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,171 @@
+//! `Step`: one turn of an agent trajectory, in the field names of the opentraces Step (seed 001) plus the facts
+//! only a proxy sees (trajectory and trace ids, finish reason, status, timings, reasoning tokens).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepRole {
+    System,
+    User,
+    Agent,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallType {
+    Main,
+    Subagent,
+    Warmup,
+}
+
+impl CallType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallType::Main => "main",
+            CallType::Subagent => "subagent",
+            CallType::Warmup => "warmup",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepToolCall {
+    pub tool_call_id: String,
+    pub tool_name: String,
+    pub input: Value,
+    /// Time from the end of this call's response to the request that carried the result: an upper bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    pub source_call_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_summary: Option<String>,
+    /// `"tool_error"` when the client flagged the result as an error, `"no_result"` when it never arrived.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snippet {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_line: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_line: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_step: Option<u32>,
+}
+
+/// Per-step tokens in the seed's names; values follow `model::usage` (input includes cache).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub prefix_reuse_tokens: u64,
+    pub reasoning_tokens: u64,
+    /// prefix_reuse_tokens was estimated from the common prefix rather than known exactly.
+    #[serde(default)]
+    pub prefix_reuse_estimated: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTimings {
+    pub started_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_at: Option<String>,
+    pub ended_at: String,
+    pub duration_ms: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_to_first_token_ms: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// `<trajectory_id>/<step_index>`: stable across replicas.
+    pub step_id: String,
+    pub trajectory_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    pub step_index: u32,
+    pub role: StepRole,
+    pub content: Option<String>,
+    pub reasoning_content: Option<String>,
+    pub model: Option<String>,
+    pub system_prompt_hash: Option<String>,
+    pub agent_role: Option<String>,
+    pub parent_step: Option<u32>,
+    pub call_type: Option<CallType>,
+    pub tools_available: Vec<String>,
+    pub tool_calls: Vec<StepToolCall>,
+    pub observations: Vec<Observation>,
+    pub snippets: Vec<Snippet>,
+    pub token_usage: TokenUsage,
+    pub timestamp: String,
+    // --- beyond the seed ---
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_trajectory_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_trace_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+    /// `ok`, `error` or `cancelled` (agent steps); `ok` otherwise.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<StepTimings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<u64>,
+}
+
+/// A trajectory as `llmtap sessions` shows it; rewritten as steps arrive and at close.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrajectorySummary {
+    pub trajectory_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    pub models: Vec<String>,
+    pub steps: u32,
+    pub llm_calls: u32,
+    pub call_types: Vec<String>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub started_at: String,
+    pub ended_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_trajectory_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_step: Option<u32>,
+    /// Set when this trajectory continues another after context compaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continues: Option<String>,
+    /// system_prompt_hash → text.
+    #[serde(default)]
+    pub system_prompts: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub tool_definitions: Vec<Value>,
+    pub closed: bool,
+}

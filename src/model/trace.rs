@@ -1,0 +1,119 @@
+//! `ProviderTrace`: one captured HTTP exchange, bodies decoded and streams reassembled.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::capture::{Api, ExchangeMeta, Outcome, Timings, UnixMicros};
+use crate::model::usage::Usage;
+
+#[derive(Debug, Clone)]
+pub struct ProviderTrace {
+    pub id: String,
+    pub upstream: String,
+    pub api: Api,
+    pub method: String,
+    pub path: String,
+    pub status: Option<u16>,
+    pub outcome: Outcome,
+    pub error: Option<String>,
+    pub streamed: bool,
+    pub timings: Timings,
+    pub request_headers: Vec<(String, String)>,
+    pub response_headers: Vec<(String, String)>,
+    /// The request body as JSON (a JSON string holding the text if it was not JSON; Null if empty).
+    pub request: Value,
+    /// The response as a non-streamed call would have returned it (Null when there was no response).
+    pub response: Value,
+    /// The decoded stream text exactly as received, for streamed responses.
+    pub raw_response: Option<String>,
+    pub meta: ExchangeMeta,
+    pub request_bytes: u64,
+    pub response_bytes: u64,
+    pub model: Option<String>,
+    pub usage: Option<Usage>,
+    /// Set by derivation: the trajectory this call belongs to.
+    pub trajectory_id: Option<String>,
+}
+
+pub fn rfc3339(us: UnixMicros) -> String {
+    chrono::DateTime::from_timestamp_micros(us)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+        .unwrap_or_default()
+}
+
+fn headers_json(h: &[(String, String)]) -> Value {
+    let mut m = serde_json::Map::new();
+    for (k, v) in h {
+        match m.get_mut(k) {
+            Some(Value::String(existing)) => {
+                existing.push_str(", ");
+                existing.push_str(v);
+            }
+            _ => {
+                m.insert(k.clone(), Value::String(v.clone()));
+            }
+        }
+    }
+    Value::Object(m)
+}
+
+/// The `provider-traces` export record (one JSON object per line).
+#[derive(Serialize)]
+struct TraceExport<'a> {
+    id: &'a str,
+    upstream: &'a str,
+    api: &'a str,
+    method: &'a str,
+    path: &'a str,
+    status: Option<u16>,
+    streamed: bool,
+    outcome: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    timings: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<&'a Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trajectory_id: Option<&'a str>,
+    request: &'a Value,
+    response: &'a Value,
+    headers: Value,
+    metadata: &'a ExchangeMeta,
+    bytes: Value,
+}
+
+impl ProviderTrace {
+    pub fn to_export_json(&self) -> Value {
+        let t = &self.timings;
+        let timings = json!({
+            "start": rfc3339(t.start),
+            "first_byte": t.first_byte.map(rfc3339),
+            "end": rfc3339(t.end),
+            "duration_ms": (t.end - t.start) as f64 / 1000.0,
+            "time_to_first_byte_ms": t.first_byte.map(|f| (f - t.start) as f64 / 1000.0),
+        });
+        let rec = TraceExport {
+            id: &self.id,
+            upstream: &self.upstream,
+            api: self.api.as_str(),
+            method: &self.method,
+            path: &self.path,
+            status: self.status,
+            streamed: self.streamed,
+            outcome: self.outcome.as_str(),
+            error: self.error.as_deref(),
+            timings,
+            model: self.model.as_deref(),
+            usage: self.usage.as_ref(),
+            trajectory_id: self.trajectory_id.as_deref(),
+            request: &self.request,
+            response: &self.response,
+            headers: json!({"request": headers_json(&self.request_headers), "response": headers_json(&self.response_headers)}),
+            metadata: &self.meta,
+            bytes: json!({"request": self.request_bytes, "response": self.response_bytes}),
+        };
+        serde_json::to_value(rec).unwrap_or(Value::Null)
+    }
+}

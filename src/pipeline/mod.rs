@@ -1,0 +1,61 @@
+//! The pipeline thread: capture queue → process (decode, reassemble, normalize) → derive → store.
+//!
+//! One OS thread, off the async workers. It owns the deriver's state, so derivation needs no locks. It ends
+//! when the capture queue closes (every `CaptureTx` dropped, i.e. after the proxy drained), flushing the
+//! deriver's open trajectories first.
+
+pub mod process;
+
+use std::sync::Arc;
+use std::sync::mpsc::RecvTimeoutError;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::capture::CaptureRx;
+use crate::config::DeriveConfig;
+use crate::derive::Deriver;
+use crate::store::{Record, StoreTx};
+use crate::telemetry::Metrics;
+
+pub fn spawn(
+    rx: CaptureRx,
+    store: StoreTx,
+    derive: DeriveConfig,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("llmtap-pipeline".into())
+        .spawn(move || {
+            let mut deriver = Deriver::new(derive);
+            let tick = Duration::from_secs(1);
+            loop {
+                // Wake up at least once a second to close idle trajectories.
+                let next = rx.recv_timeout(tick);
+                let now = crate::capture::now_micros();
+                match next {
+                    Ok(ex) => {
+                        let processed = process::process(ex);
+                        for e in &processed.errors {
+                            metrics.process_error(e);
+                        }
+                        metrics.processed.inc();
+                        let records = deriver.observe(processed);
+                        emit(&store, &metrics, records);
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+                emit(&store, &metrics, deriver.close_idle(now));
+            }
+            emit(&store, &metrics, deriver.close_all());
+        })
+}
+
+fn emit(store: &StoreTx, metrics: &Metrics, records: Vec<Record>) {
+    for r in records {
+        if let Record::Step(_) = &r {
+            metrics.steps_derived.inc();
+        }
+        store.send(r);
+    }
+}

@@ -1,0 +1,291 @@
+//! Anthropic Messages.
+//!
+//! Stream: `message_start` (the message with empty content and the input-side usage), `content_block_start` /
+//! `content_block_delta` (`text_delta`, `input_json_delta`, `thinking_delta`, `signature_delta`,
+//! `citations_delta`) / `content_block_stop`, `message_delta` (stop reason, cumulative output usage),
+//! `message_stop`, `ping`, and `error` mid-stream. Usage: input excludes cache reads and writes; we add them.
+
+use serde_json::{Map, Value, json};
+
+use super::{
+    AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events, owned_str,
+    str_at,
+};
+use crate::capture::Api;
+use crate::capture::sse::SseEvent;
+use crate::model::call::{
+    FinishReason, Message, NormalizedCall, Output, Part, Role, ToolCall, ToolDef, content_to_text, media_reference,
+    parse_arguments,
+};
+use crate::model::usage::{Usage, u64_at};
+
+pub struct AnthropicMessages;
+
+impl ProviderAdapter for AnthropicMessages {
+    fn api(&self) -> Api {
+        Api::AnthropicMessages
+    }
+
+    fn reassemble(&self, events: &[SseEvent]) -> Result<Value, AdapterError> {
+        let mut message: Option<Map<String, Value>> = None;
+        let mut blocks: Vec<Value> = Vec::new();
+        // Tool input arrives as JSON text fragments; parsed when the block stops (or at the end if cut).
+        let mut partial_json: Vec<Option<String>> = Vec::new();
+        let mut error: Option<Value> = None;
+        for (event, ev) in json_events(events) {
+            let kind = str_at(&ev, "type").or(event).unwrap_or("");
+            let index = ev.get("index").and_then(Value::as_u64).map(|i| i as usize);
+            match kind {
+                "message_start" => {
+                    if let Some(Value::Object(m)) = ev.get("message") {
+                        message = Some(m.clone());
+                    }
+                }
+                "content_block_start" => {
+                    if let (Some(i), Some(block)) = (index, ev.get("content_block")) {
+                        while blocks.len() <= i {
+                            blocks.push(Value::Null);
+                            partial_json.push(None);
+                        }
+                        blocks[i] = block.clone();
+                    }
+                }
+                "content_block_delta" => {
+                    let (Some(i), Some(delta)) = (index, ev.get("delta")) else {
+                        continue;
+                    };
+                    let Some(Value::Object(block)) = blocks.get_mut(i) else {
+                        continue;
+                    };
+                    match str_at(delta, "type").unwrap_or("") {
+                        "text_delta" => append_str(block, "text", str_at(delta, "text").unwrap_or("")),
+                        "thinking_delta" => append_str(block, "thinking", str_at(delta, "thinking").unwrap_or("")),
+                        "signature_delta" => {
+                            block.insert(
+                                "signature".into(),
+                                delta.get("signature").cloned().unwrap_or(Value::Null),
+                            );
+                        }
+                        "input_json_delta" => {
+                            let slot = &mut partial_json[i];
+                            slot.get_or_insert_with(String::new)
+                                .push_str(str_at(delta, "partial_json").unwrap_or(""));
+                        }
+                        "citations_delta" => {
+                            if let Some(c) = delta.get("citation") {
+                                let arr = block.entry("citations").or_insert_with(|| json!([]));
+                                if let Value::Array(a) = arr {
+                                    a.push(c.clone());
+                                } else {
+                                    *arr = json!([c]);
+                                }
+                            }
+                        }
+                        _ => {
+                            // Unknown delta kind: keep its fields (last value wins) rather than lose them.
+                            if let Value::Object(d) = delta {
+                                for (k, v) in d.iter().filter(|(k, _)| k.as_str() != "type") {
+                                    block.insert(k.clone(), v.clone());
+                                }
+                            }
+                        }
+                    }
+                }
+                "content_block_stop" => {
+                    if let Some(i) = index {
+                        finish_tool_input(&mut blocks, &mut partial_json, i);
+                    }
+                }
+                "message_delta" => {
+                    let m = message.get_or_insert_with(Map::new);
+                    if let Some(Value::Object(d)) = ev.get("delta") {
+                        for (k, v) in d {
+                            m.insert(k.clone(), v.clone());
+                        }
+                    }
+                    // message_delta usage is cumulative: its fields replace those from message_start.
+                    if let Some(Value::Object(u)) = ev.get("usage") {
+                        let usage = m.entry("usage").or_insert_with(|| json!({}));
+                        if let Value::Object(usage) = usage {
+                            for (k, v) in u.iter().filter(|(_, v)| !v.is_null()) {
+                                usage.insert(k.clone(), v.clone());
+                            }
+                        }
+                    }
+                }
+                "error" => error = Some(ev.get("error").cloned().unwrap_or(ev)),
+                _ => {}
+            }
+        }
+        for i in 0..blocks.len() {
+            finish_tool_input(&mut blocks, &mut partial_json, i);
+        }
+        let Some(mut m) = message else {
+            return match error {
+                Some(e) => Ok(json!({"type": "error", "error": e})),
+                None => Err(AdapterError::EmptyStream("message_start")),
+            };
+        };
+        m.insert(
+            "content".into(),
+            Value::Array(blocks.into_iter().filter(|b| !b.is_null()).collect()),
+        );
+        if let Some(e) = error {
+            m.insert("error".into(), e);
+        }
+        Ok(Value::Object(m))
+    }
+
+    fn normalize(&self, ctx: &CallContext<'_>, req: &Value, resp: &Value) -> Result<NormalizedCall, AdapterError> {
+        if !req.is_object() {
+            return Err(AdapterError::RequestNotObject);
+        }
+        let system = match req.get("system") {
+            Some(s) => Some(content_to_text(s)).filter(|s| !s.is_empty()),
+            None => None,
+        };
+        let mut messages = Vec::new();
+        for m in req.get("messages").and_then(Value::as_array).into_iter().flatten() {
+            let role = if str_at(m, "role") == Some("assistant") {
+                Role::Assistant
+            } else {
+                Role::User
+            };
+            let parts = blocks_to_parts(m.get("content").unwrap_or(&Value::Null));
+            messages.push(Message { role, parts });
+        }
+        let tools = req
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|t| {
+                Some(ToolDef {
+                    name: owned_str(t, "name").or_else(|| owned_str(t, "type"))?,
+                    description: owned_str(t, "description"),
+                    parameters: t.get("input_schema").cloned(),
+                })
+            })
+            .collect();
+
+        let mut output = Output::default();
+        let mut reasoning = Vec::new();
+        for b in resp.get("content").and_then(Value::as_array).into_iter().flatten() {
+            match str_at(b, "type").unwrap_or("") {
+                "text" => output
+                    .text
+                    .get_or_insert_with(String::new)
+                    .push_str(str_at(b, "text").unwrap_or("")),
+                "thinking" => reasoning.push(str_at(b, "thinking").unwrap_or("").to_owned()),
+                "redacted_thinking" => output.reasoning_redacted = true,
+                "tool_use" | "server_tool_use" | "mcp_tool_use" => output.tool_calls.push(tool_call_of(b)),
+                _ => {}
+            }
+        }
+        output.reasoning = join_nonempty(reasoning, "\n");
+        let provider_finish = owned_str(resp, "stop_reason");
+        let error = error_from_body(resp, ctx.status);
+        let finish_reason = if error.is_some() {
+            Some(FinishReason::Error)
+        } else {
+            provider_finish.as_deref().map(|r| match r {
+                "end_turn" | "stop_sequence" => FinishReason::Stop,
+                "max_tokens" | "model_context_window_exceeded" => FinishReason::Length,
+                "tool_use" => FinishReason::ToolCall,
+                "refusal" => FinishReason::ContentFilter,
+                _ => FinishReason::Other,
+            })
+        };
+        let raw_usage = resp.get("usage").filter(|u| u.is_object()).cloned();
+        Ok(NormalizedCall {
+            model_requested: owned_str(req, "model"),
+            model_response: owned_str(resp, "model"),
+            response_id: owned_str(resp, "id"),
+            system,
+            messages,
+            tools,
+            output,
+            finish_reason,
+            provider_finish_reason: provider_finish,
+            usage: raw_usage.as_ref().map(usage_of),
+            raw_usage,
+            error,
+            max_output_tokens: req.get("max_tokens").and_then(Value::as_u64),
+            previous_response_id: None,
+            conversation_id: None,
+        })
+    }
+}
+
+fn finish_tool_input(blocks: &mut [Value], partial_json: &mut [Option<String>], i: usize) {
+    let Some(text) = partial_json.get_mut(i).and_then(Option::take) else {
+        return;
+    };
+    if let Some(Value::Object(block)) = blocks.get_mut(i) {
+        let parsed = if text.trim().is_empty() {
+            json!({})
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        block.insert("input".into(), parsed);
+    }
+}
+
+fn tool_call_of(b: &Value) -> ToolCall {
+    ToolCall {
+        id: owned_str(b, "id").unwrap_or_default(),
+        name: owned_str(b, "name").unwrap_or_default(),
+        arguments: parse_arguments(b.get("input").unwrap_or(&Value::Null)),
+    }
+}
+
+/// Anthropic content (string or blocks) → parts. Cache-control markers and signatures are dropped.
+fn blocks_to_parts(content: &Value) -> Vec<Part> {
+    match content {
+        Value::String(s) => vec![Part::Text { text: s.clone() }],
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter_map(|b| match str_at(b, "type").unwrap_or("") {
+                "text" => Some(Part::Text {
+                    text: str_at(b, "text").unwrap_or("").to_owned(),
+                }),
+                "thinking" => Some(Part::Reasoning {
+                    text: str_at(b, "thinking").unwrap_or("").to_owned(),
+                }),
+                "tool_use" | "server_tool_use" | "mcp_tool_use" => Some(Part::ToolCall(tool_call_of(b))),
+                "tool_result" | "mcp_tool_result" => Some(Part::ToolResult {
+                    call_id: owned_str(b, "tool_use_id").unwrap_or_default(),
+                    name: None,
+                    content: content_to_text(b.get("content").unwrap_or(&Value::Null)),
+                    is_error: b.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+                }),
+                kind @ ("image" | "document") => {
+                    let src = b.get("source");
+                    let reference = src
+                        .and_then(|s| str_at(s, "url").or(str_at(s, "file_id")).or(str_at(s, "data")))
+                        .map(media_reference)
+                        .unwrap_or_default();
+                    Some(Part::Media {
+                        reference,
+                        media_type: src.and_then(|s| owned_str(s, "media_type")).or(Some(kind.to_owned())),
+                    })
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn usage_of(u: &Value) -> Usage {
+    let base = u64_at(u, &["input_tokens"]).unwrap_or(0);
+    let cache_read = u64_at(u, &["cache_read_input_tokens"]);
+    let cache_write = u64_at(u, &["cache_creation_input_tokens"]);
+    Usage {
+        input: base + cache_read.unwrap_or(0) + cache_write.unwrap_or(0),
+        output: u64_at(u, &["output_tokens"]).unwrap_or(0),
+        cache_read,
+        cache_write,
+        reasoning: None,
+    }
+}

@@ -1,0 +1,124 @@
+//! Provider adapters: one file per wire protocol, each pure and synchronous (no I/O, no clock, no logging),
+//! so they are golden-tested directly and run on the pipeline thread.
+//!
+//! An adapter does two things: rebuild the single JSON body a non-streamed call would have returned from a
+//! captured stream, and read a request/response pair into a [`NormalizedCall`]. Unknown fields are never
+//! rejected: reassembly carries them along, normalization ignores what it does not need.
+
+pub mod anthropic;
+pub mod gemini;
+pub mod openai_chat;
+pub mod openai_responses;
+
+use serde_json::{Map, Value};
+
+use crate::capture::Api;
+use crate::capture::sse::SseEvent;
+use crate::model::call::{CallError, NormalizedCall};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    #[error("request body is not a JSON object")]
+    RequestNotObject,
+    #[error("stream holds no {0} events")]
+    EmptyStream(&'static str),
+}
+
+/// What an adapter may know about the exchange besides the two bodies.
+#[derive(Debug, Clone, Copy)]
+pub struct CallContext<'a> {
+    /// Upstream path (Gemini puts the model there).
+    pub path: &'a str,
+    pub status: Option<u16>,
+}
+
+pub trait ProviderAdapter: Send + Sync + 'static {
+    fn api(&self) -> Api;
+    /// Rebuild the response JSON a non-streamed call would have returned. A mid-stream error is kept as a
+    /// top-level `error` member next to whatever was generated before it.
+    fn reassemble(&self, events: &[SseEvent]) -> Result<Value, AdapterError>;
+    /// Read the call. `response` is Null when there was none (upstream unreachable).
+    fn normalize(
+        &self,
+        ctx: &CallContext<'_>,
+        request: &Value,
+        response: &Value,
+    ) -> Result<NormalizedCall, AdapterError>;
+}
+
+/// The closed set of adapters.
+pub fn adapter_for(api: Api) -> Option<&'static dyn ProviderAdapter> {
+    match api {
+        Api::OpenAiChat => Some(&openai_chat::OpenAiChat),
+        Api::OpenAiResponses => Some(&openai_responses::OpenAiResponses),
+        Api::AnthropicMessages => Some(&anthropic::AnthropicMessages),
+        Api::GeminiGenerateContent => Some(&gemini::Gemini),
+        Api::Other => None,
+    }
+}
+
+// === helpers shared by the adapters ===
+
+/// Parse each event's data as JSON, skipping `[DONE]` sentinels, keep-alives and unparsable lines.
+pub(crate) fn json_events(events: &[SseEvent]) -> impl Iterator<Item = (Option<&str>, Value)> {
+    events.iter().filter_map(|e| {
+        let data = e.data.trim();
+        if data.is_empty() || data == "[DONE]" {
+            return None;
+        }
+        serde_json::from_str::<Value>(data)
+            .ok()
+            .map(|v| (e.event.as_deref(), v))
+    })
+}
+
+pub(crate) fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+pub(crate) fn owned_str(v: &Value, key: &str) -> Option<String> {
+    str_at(v, key).map(str::to_owned)
+}
+
+/// Append `add` to the string at `obj[key]` (creating it).
+pub(crate) fn append_str(obj: &mut Map<String, Value>, key: &str, add: &str) {
+    match obj.get_mut(key) {
+        Some(Value::String(s)) => s.push_str(add),
+        _ => {
+            obj.insert(key.to_owned(), Value::String(add.to_owned()));
+        }
+    }
+}
+
+/// `{"error": {"type"|"code"|"status": .., "message": ..}}` → CallError; also a bare error object.
+pub(crate) fn error_from_body(body: &Value, status: Option<u16>) -> Option<CallError> {
+    let err = body.get("error").filter(|e| !e.is_null());
+    match err {
+        Some(e) => {
+            let kind = ["type", "code", "status"]
+                .iter()
+                .find_map(|k| match e.get(*k) {
+                    Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+                    Some(Value::Number(n)) => Some(n.to_string()),
+                    _ => None,
+                })
+                .or_else(|| status.map(|s| format!("http_{s}")))
+                .unwrap_or_else(|| "error".to_owned());
+            let message = match e {
+                Value::String(s) => s.clone(),
+                _ => str_at(e, "message").map(str::to_owned).unwrap_or_else(|| e.to_string()),
+            };
+            Some(CallError { kind, message })
+        }
+        None => status.filter(|s| *s >= 400).map(|s| CallError {
+            kind: format!("http_{s}"),
+            message: body.as_str().map(str::to_owned).unwrap_or_else(|| body.to_string()),
+        }),
+    }
+}
+
+/// Join non-empty strings with blank lines; None if nothing remains.
+pub(crate) fn join_nonempty(parts: impl IntoIterator<Item = String>, sep: &str) -> Option<String> {
+    let v: Vec<String> = parts.into_iter().filter(|s| !s.is_empty()).collect();
+    if v.is_empty() { None } else { Some(v.join(sep)) }
+}

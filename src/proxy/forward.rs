@@ -1,0 +1,190 @@
+//! The upstream side: a pooled hyper-util client over rustls, and the header rules for a transparent hop.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, Uri, header};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rustls::RootCertStore;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+
+use super::tap::TapBody;
+use crate::config::UpstreamConfig;
+
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, TapBody<Incoming>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("cannot read ca_file {path}: {source}")]
+    CaFile {
+        path: String,
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("ca_file {path} holds no usable certificate")]
+    NoCertificate { path: String },
+}
+
+/// One client per distinct trust configuration; upstreams without `ca_file` share the default client (and its pool).
+pub struct Clients {
+    default: UpstreamClient,
+    by_upstream: HashMap<String, UpstreamClient>,
+}
+
+impl Clients {
+    pub fn build<'a>(upstreams: impl IntoIterator<Item = &'a UpstreamConfig>) -> Result<Clients, TlsSetupError> {
+        let default = client(root_store(None)?);
+        let mut by_upstream = HashMap::new();
+        for u in upstreams {
+            if let Some(ca) = &u.ca_file {
+                by_upstream.insert(u.name.clone(), client(root_store(Some(ca))?));
+            }
+        }
+        Ok(Clients { default, by_upstream })
+    }
+
+    pub fn for_upstream(&self, name: &str) -> &UpstreamClient {
+        self.by_upstream.get(name).unwrap_or(&self.default)
+    }
+}
+
+fn root_store(ca_file: Option<&Path>) -> Result<RootCertStore, TlsSetupError> {
+    let mut roots = RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let display = path.display().to_string();
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|source| TlsSetupError::CaFile {
+                path: display.clone(),
+                source,
+            })?
+            .collect::<Result<_, _>>()
+            .map_err(|source| TlsSetupError::CaFile {
+                path: display.clone(),
+                source,
+            })?;
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(TlsSetupError::NoCertificate { path: display });
+        }
+    }
+    Ok(roots)
+}
+
+fn client(roots: RootCertStore) -> UpstreamClient {
+    let tls =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map(|b| b.with_root_certificates(roots).with_no_client_auth());
+    // The ring provider always supports the safe defaults; fall back to the crate default if that ever changes.
+    let tls = tls.unwrap_or_else(|_| {
+        rustls::ClientConfig::builder()
+            .with_root_certificates(RootCertStore::empty())
+            .with_no_client_auth()
+    });
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(10)));
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(256)
+        .build(https)
+}
+
+/// The upstream URI for `rest` (path after the route prefix) and the client's query string.
+pub fn upstream_uri(upstream: &UpstreamConfig, rest: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+    let base_path = upstream.url.path().trim_end_matches('/');
+    let mut pq = String::with_capacity(base_path.len() + rest.len() + query.map_or(0, |q| q.len() + 1));
+    pq.push_str(base_path);
+    pq.push_str(rest);
+    if let Some(q) = query {
+        pq.push('?');
+        pq.push_str(q);
+    }
+    let mut parts = upstream.url.clone().into_parts();
+    parts.path_and_query = Some(pq.parse()?);
+    Ok(Uri::from_parts(parts)?)
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) are not forwarded; neither are those the `Connection` header names.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(named.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// Request headers as the upstream should see them: hop-by-hop, `host` (the client sets it from the URI) and
+/// llmtap's own `x-llmtap-*` headers removed. Everything else, credentials included, passes unchanged.
+pub fn upstream_request_headers(headers: &mut HeaderMap) {
+    strip_hop_by_hop(headers);
+    headers.remove(header::HOST);
+    let ours: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-llmtap-"))
+        .cloned()
+        .collect();
+    for k in ours {
+        headers.remove(k);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ApiFamily;
+
+    #[test]
+    fn uri_joins_prefix_rest_and_query() {
+        let u = UpstreamConfig {
+            name: "groq".into(),
+            url: "https://api.groq.com/openai".parse().unwrap(),
+            api: ApiFamily::Openai,
+            ca_file: None,
+        };
+        let uri = upstream_uri(&u, "/v1/chat/completions", Some("a=1")).unwrap();
+        assert_eq!(uri.to_string(), "https://api.groq.com/openai/v1/chat/completions?a=1");
+    }
+
+    #[test]
+    fn hop_by_hop_and_own_headers_removed() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "keep-alive, x-foo".parse().unwrap());
+        h.insert("x-foo", "1".parse().unwrap());
+        h.insert("host", "127.0.0.1".parse().unwrap());
+        h.insert("x-llmtap-session", "s".parse().unwrap());
+        h.insert("authorization", "Bearer k".parse().unwrap());
+        upstream_request_headers(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("authorization"));
+    }
+}

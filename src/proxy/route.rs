@@ -1,0 +1,172 @@
+//! Path routing: `/<upstream>/<rest>` → a configured upstream. Anything else is refused (not an open proxy).
+//!
+//! Agents that can only set a base URL pass session metadata in the path:
+//! `/s/<session>/a/<agent>/<upstream>/<rest>` (each of `s/` and `a/` optional, in either order).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::capture::Api;
+use crate::config::{ApiFamily, UpstreamConfig};
+
+#[derive(Debug)]
+pub struct Route<'a> {
+    pub upstream: &'a Arc<UpstreamConfig>,
+    /// The path to send upstream, starting with `/` (the upstream's own path prefix not yet applied).
+    pub rest: &'a str,
+    pub session: Option<String>,
+    pub agent: Option<String>,
+}
+
+pub struct Router {
+    upstreams: HashMap<String, Arc<UpstreamConfig>>,
+}
+
+impl Router {
+    pub fn new(upstreams: impl IntoIterator<Item = UpstreamConfig>) -> Router {
+        Router {
+            upstreams: upstreams.into_iter().map(|u| (u.name.clone(), Arc::new(u))).collect(),
+        }
+    }
+
+    pub fn route<'a>(&'a self, path: &'a str) -> Option<Route<'a>> {
+        let mut rest = path;
+        let mut session = None;
+        let mut agent = None;
+        loop {
+            let (first, after) = split_first_segment(rest)?;
+            match first {
+                "s" | "a" => {
+                    let (value, after_value) = split_first_segment(after)?;
+                    let value = percent_decode(value);
+                    if first == "s" {
+                        session = Some(value);
+                    } else {
+                        agent = Some(value);
+                    }
+                    rest = after_value;
+                }
+                name => {
+                    let upstream = self.upstreams.get(name)?;
+                    let rest = if after.is_empty() { "/" } else { after };
+                    return Some(Route {
+                        upstream,
+                        rest,
+                        session,
+                        agent,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// "/abc/def" → ("abc", "/def"); "/abc" → ("abc", "").
+fn split_first_segment(path: &str) -> Option<(&str, &str)> {
+    let path = path.strip_prefix('/')?;
+    let (seg, rest) = match path.find('/') {
+        Some(i) => (&path[..i], &path[i..]),
+        None => (path, ""),
+    };
+    if seg.is_empty() { None } else { Some((seg, rest)) }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Some(v) = std::str::from_utf8(&bytes[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Which API a request on an upstream of `family` speaks, from its path (without query).
+pub fn detect_api(family: ApiFamily, path: &str) -> Api {
+    match family {
+        ApiFamily::Openai => {
+            if path.ends_with("/chat/completions") {
+                Api::OpenAiChat
+            } else if path.ends_with("/responses") {
+                Api::OpenAiResponses
+            } else {
+                Api::Other
+            }
+        }
+        ApiFamily::Anthropic => {
+            if path.ends_with("/messages") {
+                Api::AnthropicMessages
+            } else {
+                Api::Other
+            }
+        }
+        ApiFamily::Gemini => {
+            if path.ends_with(":generateContent") || path.ends_with(":streamGenerateContent") {
+                Api::GeminiGenerateContent
+            } else {
+                Api::Other
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RawConfig;
+
+    fn router() -> Router {
+        Router::new(RawConfig::default().validate().unwrap().upstreams.into_values())
+    }
+
+    #[test]
+    fn routes_by_prefix_and_refuses_the_rest() {
+        let r = router();
+        let route = r.route("/anthropic/v1/messages").unwrap();
+        assert_eq!(route.upstream.name, "anthropic");
+        assert_eq!(route.rest, "/v1/messages");
+        assert!(r.route("/evil.com/v1/messages").is_none());
+        assert!(r.route("/").is_none());
+        assert!(r.route("/s/abc").is_none());
+    }
+
+    #[test]
+    fn path_form_carries_session_and_agent() {
+        let r = router();
+        let route = r.route("/s/run%2042/a/planner/openai/v1/chat/completions").unwrap();
+        assert_eq!(route.session.as_deref(), Some("run 42"));
+        assert_eq!(route.agent.as_deref(), Some("planner"));
+        assert_eq!(route.upstream.name, "openai");
+        assert_eq!(route.rest, "/v1/chat/completions");
+    }
+
+    #[test]
+    fn api_detection() {
+        assert_eq!(detect_api(ApiFamily::Openai, "/v1/chat/completions"), Api::OpenAiChat);
+        assert_eq!(detect_api(ApiFamily::Openai, "/v1/responses"), Api::OpenAiResponses);
+        assert_eq!(detect_api(ApiFamily::Openai, "/v1/embeddings"), Api::Other);
+        assert_eq!(detect_api(ApiFamily::Anthropic, "/v1/messages"), Api::AnthropicMessages);
+        assert_eq!(
+            detect_api(ApiFamily::Anthropic, "/v1/messages/count_tokens"),
+            Api::Other
+        );
+        assert_eq!(
+            detect_api(
+                ApiFamily::Gemini,
+                "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
+            ),
+            Api::GeminiGenerateContent
+        );
+    }
+}

@@ -1,0 +1,214 @@
+//! `TapBody<B>`: forwards every frame of a body unchanged and keeps a refcounted clone of its data.
+//!
+//! Invariants:
+//! - Per-frame work is synchronous and O(1): a `Bytes` clone (refcount bump) pushed onto a Vec, no locks,
+//!   no parsing, no awaits. When capture is off the tap is `None` and the body is a plain pass-through.
+//! - A tap finishes exactly once: at end of stream, on an inner error, or on `Drop` (the client went away, or
+//!   hyper dropped the body early). The response tap's finish is the one place an exchange is sent.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+
+use crate::capture::{CaptureTx, Captured, Outcome, RawExchange, now_micros};
+use crate::telemetry::Metrics;
+
+/// Where a request body's capture lands when its tap finishes; the response tap reads it once.
+/// The lock is taken twice per exchange (put, take), never per frame.
+#[derive(Default)]
+pub struct RequestSlot(Mutex<Option<Captured>>);
+
+impl RequestSlot {
+    fn put(&self, captured: Captured) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(captured);
+        }
+    }
+
+    /// The request as captured so far; an empty, un-ended capture if its tap has not finished.
+    pub fn take(&self) -> Captured {
+        self.0.lock().ok().and_then(|mut s| s.take()).unwrap_or_default()
+    }
+}
+
+/// An exchange waiting for its response body to finish.
+pub struct PendingExchange {
+    pub exchange: RawExchange,
+    pub request: Arc<RequestSlot>,
+    pub capture_tx: CaptureTx,
+    pub metrics: Arc<Metrics>,
+}
+
+enum Finish {
+    Request(Arc<RequestSlot>),
+    Response(Box<PendingExchange>),
+}
+
+enum End {
+    Complete,
+    Error(String),
+    Dropped,
+}
+
+pub struct Tap {
+    captured: Captured,
+    cap: usize,
+    first_byte_seen: bool,
+    finish: Finish,
+}
+
+impl Tap {
+    pub fn request(headers: Vec<(String, String)>, cap: usize, slot: Arc<RequestSlot>) -> Tap {
+        Tap::new(headers, cap, Finish::Request(slot))
+    }
+
+    pub fn response(headers: Vec<(String, String)>, cap: usize, pending: PendingExchange) -> Tap {
+        Tap::new(headers, cap, Finish::Response(Box::new(pending)))
+    }
+
+    fn new(headers: Vec<(String, String)>, cap: usize, finish: Finish) -> Tap {
+        Tap {
+            captured: Captured {
+                headers,
+                ..Captured::default()
+            },
+            cap,
+            first_byte_seen: false,
+            finish,
+        }
+    }
+
+    #[inline]
+    fn record(&mut self, data: &Bytes) {
+        if !self.first_byte_seen && !data.is_empty() {
+            self.first_byte_seen = true;
+            if let Finish::Response(p) = &mut self.finish {
+                p.exchange.timings.first_byte = Some(now_micros());
+            }
+        }
+        self.captured.len += data.len() as u64;
+        if self.captured.truncated {
+            return;
+        }
+        let kept: usize = (self.captured.len as usize).saturating_sub(data.len());
+        if kept + data.len() <= self.cap {
+            self.captured.body.push(data.clone());
+        } else {
+            // Keep what fits so the prefix is still useful, then stop copying.
+            let room = self.cap.saturating_sub(kept);
+            if room > 0 {
+                self.captured.body.push(data.slice(..room));
+            }
+            self.captured.truncated = true;
+        }
+    }
+
+    fn finish(mut self, end: End) {
+        self.captured.ended = matches!(end, End::Complete);
+        match self.finish {
+            Finish::Request(slot) => slot.put(self.captured),
+            Finish::Response(pending) => {
+                let PendingExchange {
+                    mut exchange,
+                    request,
+                    capture_tx,
+                    metrics,
+                } = *pending;
+                exchange.request = request.take();
+                exchange.timings.end = now_micros();
+                let truncated = self.captured.truncated || exchange.request.truncated;
+                exchange.outcome = match end {
+                    End::Complete if truncated => Outcome::Truncated,
+                    End::Complete => Outcome::Complete,
+                    End::Error(e) => {
+                        metrics.upstream_errors.inc();
+                        exchange.error = Some(format!("upstream body error: {e}"));
+                        Outcome::UpstreamError
+                    }
+                    End::Dropped => {
+                        metrics.client_gone.inc();
+                        Outcome::ClientGone
+                    }
+                };
+                if truncated {
+                    metrics.capture_truncated.inc();
+                }
+                exchange.response = Some(self.captured);
+                capture_tx.try_send(exchange);
+            }
+        }
+    }
+}
+
+/// A body that is forwarded unchanged and, when `tap` is set, captured on the side.
+pub struct TapBody<B> {
+    inner: B,
+    tap: Option<Tap>,
+}
+
+impl<B: Body> TapBody<B> {
+    pub fn new(inner: B, tap: Option<Tap>) -> TapBody<B> {
+        let mut body = TapBody { inner, tap };
+        // hyper never polls a body that is empty from the start; it has already ended.
+        if body.inner.is_end_stream() {
+            body.finish(End::Complete);
+        }
+        body
+    }
+}
+
+impl<B> TapBody<B> {
+    fn finish(&mut self, end: End) {
+        if let Some(tap) = self.tap.take() {
+            tap.finish(end);
+        }
+    }
+}
+
+impl<B> Body for TapBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let polled = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if this.tap.is_some() {
+            match &polled {
+                Some(Ok(frame)) => {
+                    if let (Some(data), Some(tap)) = (frame.data_ref(), this.tap.as_mut()) {
+                        tap.record(data);
+                    }
+                    // hyper stops polling once the body reports its end; finish now, not on Drop.
+                    if this.inner.is_end_stream() {
+                        this.finish(End::Complete);
+                    }
+                }
+                Some(Err(e)) => this.finish(End::Error(e.to_string())),
+                None => this.finish(End::Complete),
+            }
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B> Drop for TapBody<B> {
+    fn drop(&mut self) {
+        // Still unfinished: the consumer (client, or hyper's client for a request) let go before the end.
+        self.finish(End::Dropped);
+    }
+}

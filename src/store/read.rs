@@ -1,0 +1,273 @@
+//! Reading the store: the CLI and the exporters. Readers use their own connection (WAL lets them run while
+//! the writer writes) and stream rows through callbacks, so an export never holds the whole dataset.
+
+use std::io::Read;
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags, Row, params_from_iter, types::Value as SqlValue};
+
+use super::StoreError;
+use crate::capture::{Api, ExchangeMeta, Outcome, Timings};
+use crate::config::StoreConfig;
+use crate::model::step::{Step, TrajectorySummary};
+use crate::model::trace::ProviderTrace;
+use crate::telemetry::Metrics;
+
+/// Which traces or steps to read. Empty filter = everything, oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct TraceFilter {
+    /// Matches the explicit session id or the derived trajectory id.
+    pub session: Option<String>,
+    /// Unix micros, inclusive.
+    pub since_us: Option<i64>,
+    pub until_us: Option<i64>,
+    pub limit: Option<u64>,
+}
+
+impl TraceFilter {
+    /// SQL condition over columns `session_id`, `trajectory_id`, `started_us`, with its parameters.
+    fn condition(&self) -> (String, Vec<SqlValue>) {
+        let mut cond = vec!["1=1".to_owned()];
+        let mut params = Vec::new();
+        if let Some(s) = &self.session {
+            cond.push("(session_id = ? OR trajectory_id = ?)".into());
+            params.push(SqlValue::Text(s.clone()));
+            params.push(SqlValue::Text(s.clone()));
+        }
+        if let Some(t) = self.since_us {
+            cond.push("started_us >= ?".into());
+            params.push(SqlValue::Integer(t));
+        }
+        if let Some(t) = self.until_us {
+            cond.push("started_us <= ?".into());
+            params.push(SqlValue::Integer(t));
+        }
+        (cond.join(" AND "), params)
+    }
+
+    fn limit_clause(&self) -> String {
+        self.limit.map(|l| format!(" LIMIT {l}")).unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SessionRow {
+    pub summary: TrajectorySummary,
+}
+
+pub struct StoreReader {
+    conn: Connection,
+}
+
+fn decompress(blob: Option<Vec<u8>>) -> Option<String> {
+    let blob = blob?;
+    let mut out = String::new();
+    flate2::read::ZlibDecoder::new(&blob[..])
+        .read_to_string(&mut out)
+        .ok()?;
+    Some(out)
+}
+
+impl StoreReader {
+    pub fn open(data_dir: &Path) -> Result<StoreReader, StoreError> {
+        let path = super::db_path(data_dir);
+        if !path.exists() {
+            // Create it (and its schema) so that reading an empty store is not an error.
+            drop(super::open(data_dir)?);
+        }
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|source| StoreError::Open { path, source })?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        Ok(StoreReader { conn })
+    }
+
+    /// Call `f` for each matching trace, oldest first, bodies included.
+    pub fn for_each_trace(
+        &self,
+        filter: &TraceFilter,
+        mut f: impl FnMut(ProviderTrace) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let (cond, params) = filter.condition();
+        let sql = format!(
+            "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome, t.error, t.streamed,
+                    t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
+                    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response
+             FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id
+             WHERE {cond} ORDER BY t.started_us, t.seq{}",
+            filter.limit_clause()
+        );
+        let mut stmt = self.conn.prepare(&sql)?;
+        let mut rows = stmt.query(params_from_iter(params))?;
+        while let Some(row) = rows.next()? {
+            f(trace_from_row(row)?)?;
+        }
+        Ok(())
+    }
+
+    pub fn traces(&self, filter: &TraceFilter) -> Result<Vec<ProviderTrace>, StoreError> {
+        let mut out = Vec::new();
+        self.for_each_trace(filter, |t| {
+            out.push(t);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Steps in trajectory order (trajectories by start time, steps by index).
+    pub fn for_each_step(
+        &self,
+        filter: &TraceFilter,
+        mut f: impl FnMut(Step) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let (cond, params) = filter.condition();
+        let sql = format!(
+            "SELECT s.step_id, s.body FROM steps s
+             LEFT JOIN trajectories tr ON tr.trajectory_id = s.trajectory_id
+             WHERE {} ORDER BY COALESCE(tr.started_us, s.started_us), s.trajectory_id, s.step_index, s.seq{}",
+            cond.replace("session_id", "s.session_id")
+                .replace("trajectory_id", "s.trajectory_id")
+                .replace("started_us", "s.started_us"),
+            filter.limit_clause()
+        );
+        let mut stmt = self.conn.prepare(&sql)?;
+        let mut rows = stmt.query(params_from_iter(params))?;
+        while let Some(row) = rows.next()? {
+            let id: String = row.get(0)?;
+            let body: String = row.get(1)?;
+            let step = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+                id,
+                what: e.to_string(),
+            })?;
+            f(step)?;
+        }
+        Ok(())
+    }
+
+    pub fn steps(&self, filter: &TraceFilter) -> Result<Vec<Step>, StoreError> {
+        let mut out = Vec::new();
+        self.for_each_step(filter, |s| {
+            out.push(s);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Trajectories, oldest first.
+    pub fn sessions(&self, filter: &TraceFilter) -> Result<Vec<SessionRow>, StoreError> {
+        let (cond, params) = filter.condition();
+        let sql = format!(
+            "SELECT trajectory_id, body FROM trajectories WHERE {cond} ORDER BY started_us, trajectory_id{}",
+            filter.limit_clause()
+        );
+        let mut stmt = self.conn.prepare(&sql)?;
+        let mut rows = stmt.query(params_from_iter(params))?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            let id: String = row.get(0)?;
+            let body: String = row.get(1)?;
+            let summary = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+                id,
+                what: e.to_string(),
+            })?;
+            out.push(SessionRow { summary });
+        }
+        Ok(out)
+    }
+
+    pub fn count_traces(&self) -> Result<u64, StoreError> {
+        Ok(self
+            .conn
+            .query_row("SELECT COUNT(*) FROM traces", [], |r| r.get::<_, i64>(0))? as u64)
+    }
+}
+
+fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
+    let id: String = row.get(0)?;
+    let corrupt = |what: String| StoreError::Corrupt { id: id.clone(), what };
+    let headers = |s: String| -> Result<Vec<(String, String)>, StoreError> {
+        serde_json::from_str(&s).map_err(|e| corrupt(e.to_string()))
+    };
+    let json = |s: Option<String>| -> serde_json::Value {
+        s.and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or(serde_json::Value::Null)
+    };
+    let usage: Option<String> = row.get(16)?;
+    let meta: String = row.get(19)?;
+    let meta: ExchangeMeta = serde_json::from_str(&meta).map_err(|e| corrupt(e.to_string()))?;
+    Ok(ProviderTrace {
+        trajectory_id: row.get(1)?,
+        upstream: row.get(2)?,
+        api: Api::parse(&row.get::<_, String>(3)?),
+        method: row.get(4)?,
+        path: row.get(5)?,
+        status: row.get(6)?,
+        outcome: Outcome::parse(&row.get::<_, String>(7)?),
+        error: row.get(8)?,
+        streamed: row.get(9)?,
+        model: row.get(10)?,
+        timings: Timings {
+            start: row.get(11)?,
+            first_byte: row.get(12)?,
+            end: row.get(13)?,
+        },
+        request_bytes: row.get::<_, i64>(14)? as u64,
+        response_bytes: row.get::<_, i64>(15)? as u64,
+        usage: usage.and_then(|u| serde_json::from_str(&u).ok()),
+        request_headers: headers(row.get(17)?)?,
+        response_headers: headers(row.get(18)?)?,
+        meta,
+        request: json(decompress(row.get(20)?)),
+        response: json(decompress(row.get(21)?)),
+        raw_response: decompress(row.get(22)?),
+        id,
+    })
+}
+
+/// Delete traces (and their bodies) beyond the configured age or count. Counts what went before export.
+pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: &Metrics) -> Result<(), StoreError> {
+    let mut cutoff_seq: Option<i64> = None;
+    if config.retention_days > 0 {
+        let cutoff_us = crate::capture::now_micros() - (config.retention_days as i64) * 86_400_000_000;
+        let seq: Option<i64> =
+            conn.query_row("SELECT MAX(seq) FROM traces WHERE started_us < ?1", [cutoff_us], |r| {
+                r.get(0)
+            })?;
+        cutoff_seq = seq;
+    }
+    if config.max_traces > 0 {
+        let seq: Option<i64> = conn
+            .query_row(
+                "SELECT seq FROM traces ORDER BY seq DESC LIMIT 1 OFFSET ?1",
+                [config.max_traces as i64],
+                |r| r.get(0),
+            )
+            .or_else(|e| {
+                if matches!(e, rusqlite::Error::QueryReturnedNoRows) {
+                    Ok(None)
+                } else {
+                    Err(e)
+                }
+            })?;
+        cutoff_seq = cutoff_seq.max(seq);
+    }
+    let Some(cutoff) = cutoff_seq else { return Ok(()) };
+    let min_cursor: Option<i64> = conn.query_row("SELECT MIN(seq) FROM cursors", [], |r| r.get(0))?;
+    if let Some(c) = min_cursor {
+        let unexported: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM traces WHERE seq <= ?1 AND seq > ?2",
+            [cutoff, c],
+            |r| r.get(0),
+        )?;
+        metrics.evicted_unexported.add(unexported as u64);
+    }
+    conn.execute(
+        "DELETE FROM trace_bodies WHERE trace_id IN (SELECT id FROM traces WHERE seq <= ?1)",
+        [cutoff],
+    )?;
+    let n = conn.execute("DELETE FROM traces WHERE seq <= ?1", [cutoff])?;
+    metrics.evicted.add(n as u64);
+    Ok(())
+}

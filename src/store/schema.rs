@@ -1,0 +1,88 @@
+//! Schema and migrations. `PRAGMA user_version` records the version; migrations only ever add.
+
+use rusqlite::Connection;
+
+use super::StoreError;
+
+pub const VERSION: i64 = 1;
+
+const V1: &str = r#"
+CREATE TABLE IF NOT EXISTS traces (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    id              TEXT NOT NULL UNIQUE,
+    trajectory_id   TEXT,
+    session_id      TEXT,
+    agent           TEXT,
+    upstream        TEXT NOT NULL,
+    api             TEXT NOT NULL,
+    method          TEXT NOT NULL,
+    path            TEXT NOT NULL,
+    status          INTEGER,
+    outcome         TEXT NOT NULL,
+    error           TEXT,
+    streamed        INTEGER NOT NULL,
+    model           TEXT,
+    started_us      INTEGER NOT NULL,
+    first_byte_us   INTEGER,
+    ended_us        INTEGER NOT NULL,
+    request_bytes   INTEGER NOT NULL,
+    response_bytes  INTEGER NOT NULL,
+    usage           TEXT,
+    request_headers TEXT NOT NULL,
+    response_headers TEXT NOT NULL,
+    metadata        TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS traces_session ON traces(session_id);
+CREATE INDEX IF NOT EXISTS traces_trajectory ON traces(trajectory_id);
+CREATE INDEX IF NOT EXISTS traces_started ON traces(started_us);
+
+-- Bodies apart from the rows: zlib-compressed JSON text.
+CREATE TABLE IF NOT EXISTS trace_bodies (
+    trace_id     TEXT PRIMARY KEY,
+    request      BLOB,
+    response     BLOB,
+    raw_response BLOB
+);
+
+CREATE TABLE IF NOT EXISTS steps (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    step_id        TEXT NOT NULL UNIQUE,
+    trajectory_id  TEXT NOT NULL,
+    session_id     TEXT,
+    step_index     INTEGER NOT NULL,
+    role           TEXT NOT NULL,
+    trace_id       TEXT,
+    started_us     INTEGER NOT NULL,
+    body           TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS steps_trajectory ON steps(trajectory_id, step_index);
+
+CREATE TABLE IF NOT EXISTS trajectories (
+    trajectory_id  TEXT PRIMARY KEY,
+    session_id     TEXT,
+    started_us     INTEGER NOT NULL,
+    ended_us       INTEGER NOT NULL,
+    body           TEXT NOT NULL
+);
+
+-- Per-sink export position (at-least-once delivery).
+CREATE TABLE IF NOT EXISTS cursors (
+    sink  TEXT PRIMARY KEY,
+    seq   INTEGER NOT NULL
+);
+"#;
+
+pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version > VERSION {
+        return Err(StoreError::FutureSchema {
+            found: version,
+            supported: VERSION,
+        });
+    }
+    if version < 1 {
+        conn.execute_batch(V1)?;
+        conn.pragma_update(None, "user_version", VERSION)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,201 @@
+//! The single writer: a dedicated OS thread that drains a bounded channel in batched transactions.
+//!
+//! Producers (the pipeline thread) block when the channel is full; the data path never touches it (it only
+//! feeds the capture queue, which drops when full). Write errors are counted and logged once; the batch is lost
+//! but the thread keeps going, so one bad record cannot stop capture.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, params};
+
+use super::{Record, StoreError};
+use crate::config::StoreConfig;
+use crate::model::step::{Step, TrajectorySummary};
+use crate::model::trace::ProviderTrace;
+use crate::telemetry::Metrics;
+
+#[derive(Clone)]
+pub struct StoreTx {
+    tx: SyncSender<Record>,
+    metrics: Arc<Metrics>,
+}
+
+impl StoreTx {
+    /// Blocking send (back-pressure on the pipeline thread only).
+    pub fn send(&self, record: Record) {
+        if self.tx.send(record).is_err() {
+            self.metrics.store_dropped.inc();
+        }
+    }
+
+    /// Non-blocking send for callers that must not wait.
+    pub fn try_send(&self, record: Record) {
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(record) {
+            self.metrics.store_dropped.inc();
+        }
+    }
+}
+
+pub struct StoreWriter;
+
+impl StoreWriter {
+    /// Start the writer thread. It ends when every `StoreTx` is dropped, after writing what was queued.
+    pub fn spawn(
+        conn: Connection,
+        config: StoreConfig,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<(StoreTx, JoinHandle<()>)> {
+        let (tx, rx) = sync_channel(config.batch_size * 4);
+        let m = metrics.clone();
+        let handle = std::thread::Builder::new()
+            .name("llmtap-store".into())
+            .spawn(move || run(conn, rx, config, m))?;
+        Ok((StoreTx { tx, metrics }, handle))
+    }
+}
+
+fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics: Arc<Metrics>) {
+    let mut last_retention = Instant::now();
+    let mut batch = Vec::with_capacity(config.batch_size);
+    while let Ok(first) = rx.recv() {
+        batch.push(first);
+        while batch.len() < config.batch_size {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let n = batch.len() as u64;
+        match write_batch(&mut conn, &batch) {
+            Ok(()) => metrics.stored.add(n),
+            Err(e) => metrics.store_error(&e),
+        }
+        batch.clear();
+        if last_retention.elapsed() > Duration::from_secs(60) {
+            last_retention = Instant::now();
+            if let Err(e) = super::read::apply_retention(&conn, &config, &metrics) {
+                metrics.store_error(&e);
+            }
+        }
+    }
+    let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
+}
+
+pub(crate) fn compress(text: &str) -> Vec<u8> {
+    let mut enc = flate2::write::ZlibEncoder::new(Vec::with_capacity(text.len() / 4), flate2::Compression::fast());
+    // Writing into a Vec cannot fail.
+    let _ = enc.write_all(text.as_bytes());
+    enc.finish().unwrap_or_default()
+}
+
+fn write_batch(conn: &mut Connection, batch: &[Record]) -> Result<(), StoreError> {
+    let tx = conn.transaction()?;
+    for record in batch {
+        match record {
+            Record::Trace(t) => insert_trace(&tx, t)?,
+            Record::Step(s) => upsert_step(&tx, s)?,
+            Record::Trajectory(t) => upsert_trajectory(&tx, t)?,
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(), StoreError> {
+    let headers = |h: &[(String, String)]| serde_json::to_string(h).unwrap_or_default();
+    tx.execute(
+        "INSERT OR REPLACE INTO traces (id, trajectory_id, session_id, agent, upstream, api, method, path, status, outcome,
+            error, streamed, model, started_us, first_byte_us, ended_us, request_bytes, response_bytes, usage,
+            request_headers, response_headers, metadata)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
+        params![
+            t.id,
+            t.trajectory_id,
+            t.meta.session,
+            t.meta.agent,
+            t.upstream,
+            t.api.as_str(),
+            t.method,
+            t.path,
+            t.status,
+            t.outcome.as_str(),
+            t.error,
+            t.streamed,
+            t.model,
+            t.timings.start,
+            t.timings.first_byte,
+            t.timings.end,
+            t.request_bytes as i64,
+            t.response_bytes as i64,
+            t.usage.as_ref().and_then(|u| serde_json::to_string(u).ok()),
+            headers(&t.request_headers),
+            headers(&t.response_headers),
+            serde_json::to_string(&t.meta).unwrap_or_default(),
+        ],
+    )?;
+    let body = |v: &serde_json::Value| (!v.is_null()).then(|| compress(&v.to_string()));
+    tx.execute(
+        "INSERT OR REPLACE INTO trace_bodies (trace_id, request, response, raw_response) VALUES (?1, ?2, ?3, ?4)",
+        params![
+            t.id,
+            body(&t.request),
+            body(&t.response),
+            t.raw_response.as_deref().map(compress)
+        ],
+    )?;
+    Ok(())
+}
+
+fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreError> {
+    let started_us = s
+        .timings
+        .as_ref()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t.started_at).ok())
+        .or_else(|| chrono::DateTime::parse_from_rfc3339(&s.timestamp).ok())
+        .map(|t| t.timestamp_micros())
+        .unwrap_or(0);
+    let body = serde_json::to_string(s).unwrap_or_default();
+    // Updates keep the original seq (and so the original export position) of the step.
+    tx.execute(
+        "INSERT INTO steps (step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, body)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT(step_id) DO UPDATE SET body = excluded.body, trace_id = excluded.trace_id",
+        params![
+            s.step_id,
+            s.trajectory_id,
+            s.session_id,
+            s.step_index,
+            serde_json::to_value(s.role)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned)),
+            s.provider_trace_id,
+            started_us,
+            body
+        ],
+    )?;
+    Ok(())
+}
+
+fn upsert_trajectory(tx: &rusqlite::Transaction<'_>, t: &TrajectorySummary) -> Result<(), StoreError> {
+    let us = |s: &str| {
+        chrono::DateTime::parse_from_rfc3339(s)
+            .map(|t| t.timestamp_micros())
+            .unwrap_or(0)
+    };
+    tx.execute(
+        "INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT(trajectory_id) DO UPDATE SET session_id = excluded.session_id, ended_us = excluded.ended_us, body = excluded.body",
+        params![
+            t.trajectory_id,
+            t.session_id,
+            us(&t.started_at),
+            us(&t.ended_at),
+            serde_json::to_string(t).unwrap_or_default()
+        ],
+    )?;
+    Ok(())
+}

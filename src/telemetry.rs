@@ -1,0 +1,207 @@
+//! Self-observability: logging setup and llmtap's own counters.
+//!
+//! Every failure after the data path is counted here and logged the first time it happens (then only counted),
+//! so a broken sink cannot flood the log. Counters are plain atomics: cheap enough for the data path.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn set(&self, n: u64) {
+        self.0.store(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A flag that is true only the first time it is taken: "log once".
+#[derive(Debug, Default)]
+pub struct Once(AtomicBool);
+
+impl Once {
+    pub fn first(&self) -> bool {
+        !self.0.swap(true, Ordering::Relaxed)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub requests: Counter,
+    pub requests_unrouted: Counter,
+    pub upstream_errors: Counter,
+    pub client_gone: Counter,
+    pub captured: Counter,
+    pub capture_dropped: Counter,
+    pub capture_truncated: Counter,
+    pub processed: Counter,
+    pub process_errors: Counter,
+    pub steps_derived: Counter,
+    pub stored: Counter,
+    pub store_errors: Counter,
+    pub store_dropped: Counter,
+    pub evicted: Counter,
+    pub evicted_unexported: Counter,
+    pub exported: Counter,
+    pub export_retries: Counter,
+    pub export_failed: Counter,
+    pub export_lag: Counter,
+    logged_drop: Once,
+    logged_process_error: Once,
+    logged_store_error: Once,
+}
+
+impl Metrics {
+    pub fn capture_dropped(&self) {
+        self.capture_dropped.inc();
+        if self.logged_drop.first() {
+            tracing::warn!(
+                "Capture queue full or closed; dropping exchanges from capture (traffic unaffected, counted in llmtap_capture_dropped_total)"
+            );
+        }
+    }
+
+    pub fn process_error(&self, error: &dyn std::fmt::Display) {
+        self.process_errors.inc();
+        if self.logged_process_error.first() {
+            tracing::warn!(%error, "Could not process a captured exchange; further errors are only counted");
+        }
+    }
+
+    pub fn store_error(&self, error: &dyn std::fmt::Display) {
+        self.store_errors.inc();
+        if self.logged_store_error.first() {
+            tracing::error!(%error, "Store write failed; further errors are only counted");
+        }
+    }
+
+    /// (name, help, value) for every counter, in a stable order.
+    pub fn snapshot(&self) -> Vec<(&'static str, &'static str, u64)> {
+        vec![
+            (
+                "llmtap_requests_total",
+                "Requests received on a configured route.",
+                self.requests.get(),
+            ),
+            (
+                "llmtap_requests_unrouted_total",
+                "Requests refused with 404 (no such upstream).",
+                self.requests_unrouted.get(),
+            ),
+            (
+                "llmtap_upstream_errors_total",
+                "Exchanges whose upstream failed or could not be reached.",
+                self.upstream_errors.get(),
+            ),
+            (
+                "llmtap_client_gone_total",
+                "Exchanges the client abandoned mid-response.",
+                self.client_gone.get(),
+            ),
+            (
+                "llmtap_captured_total",
+                "Exchanges handed to the capture pipeline.",
+                self.captured.get(),
+            ),
+            (
+                "llmtap_capture_dropped_total",
+                "Exchanges not captured because the queue was full.",
+                self.capture_dropped.get(),
+            ),
+            (
+                "llmtap_capture_truncated_total",
+                "Exchanges whose body exceeded the capture cap.",
+                self.capture_truncated.get(),
+            ),
+            (
+                "llmtap_processed_total",
+                "Exchanges turned into provider traces.",
+                self.processed.get(),
+            ),
+            (
+                "llmtap_process_errors_total",
+                "Captured exchanges that could not be parsed (trace kept raw).",
+                self.process_errors.get(),
+            ),
+            (
+                "llmtap_steps_derived_total",
+                "Agent steps derived.",
+                self.steps_derived.get(),
+            ),
+            (
+                "llmtap_stored_total",
+                "Records written to the store.",
+                self.stored.get(),
+            ),
+            (
+                "llmtap_store_errors_total",
+                "Failed store writes.",
+                self.store_errors.get(),
+            ),
+            (
+                "llmtap_store_dropped_total",
+                "Records dropped because the store queue was full.",
+                self.store_dropped.get(),
+            ),
+            (
+                "llmtap_evicted_total",
+                "Traces removed by retention.",
+                self.evicted.get(),
+            ),
+            (
+                "llmtap_evicted_unexported_total",
+                "Traces removed by retention before every sink exported them.",
+                self.evicted_unexported.get(),
+            ),
+            (
+                "llmtap_exported_total",
+                "Spans accepted by remote sinks.",
+                self.exported.get(),
+            ),
+            (
+                "llmtap_export_retries_total",
+                "Export attempts retried.",
+                self.export_retries.get(),
+            ),
+            (
+                "llmtap_export_failed_total",
+                "Spans dropped after a permanent export failure.",
+                self.export_failed.get(),
+            ),
+            (
+                "llmtap_export_lag",
+                "Store records not yet exported by the slowest sink.",
+                self.export_lag.get(),
+            ),
+        ]
+    }
+
+    /// Prometheus text exposition format.
+    pub fn render_prometheus(&self) -> String {
+        let mut out = String::new();
+        for (name, help, value) in self.snapshot() {
+            let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
+        }
+        out
+    }
+}
+
+/// Logs go to stderr; `RUST_LOG` overrides the default `info` level.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
