@@ -158,7 +158,7 @@ pub struct RawExchange {
     pub upstream: Arc<str>,
     pub api: Api,
     pub method: String,
-    /// Path as sent upstream (after the route prefix), query secrets redacted.
+    /// Path and query as sent upstream (the upstream URL's own prefix included), query secrets redacted.
     pub path: String,
     pub status: Option<u16>,
     pub request: Captured,

@@ -48,6 +48,8 @@ impl ProviderAdapter for OpenAiChat {
                     match k.as_str() {
                         "choices" => {}
                         "object" => {}
+                        // Random per-chunk padding against length side channels: stream-only, meaningless merged.
+                        "obfuscation" => {}
                         "usage" if v.is_null() => {}
                         _ if v.is_null() && top.contains_key(k) => {}
                         _ => {
@@ -116,7 +118,15 @@ impl ProviderAdapter for OpenAiChat {
         if seen {
             top.insert("choices".into(), Value::Array(choices));
         }
-        Ok(Value::Object(top))
+        // The key order of a non-streamed body: id, object, created, model, choices, usage, then the rest.
+        let mut ordered = Map::new();
+        for k in ["id", "object", "created", "model", "choices", "usage"] {
+            if let Some(v) = top.remove(k) {
+                ordered.insert(k.to_owned(), v);
+            }
+        }
+        ordered.extend(top);
+        Ok(Value::Object(ordered))
     }
 
     fn normalize(&self, ctx: &CallContext<'_>, req: &Value, resp: &Value) -> Result<NormalizedCall, AdapterError> {

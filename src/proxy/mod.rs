@@ -164,6 +164,7 @@ impl Proxy {
         };
         self.metrics.requests.inc();
         let upstream = route.upstream.clone();
+        let head_request = parts.method == http::Method::HEAD;
         let query = parts.uri.query().map(str::to_owned);
         let uri =
             upstream_uri(&upstream, route.rest, query.as_deref()).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
@@ -183,7 +184,7 @@ impl Proxy {
                     upstream: Arc::from(upstream.name.as_str()),
                     api: detect_api(upstream.api, route.rest),
                     method: parts.method.as_str().to_owned(),
-                    path: redact::redact_path_and_query(route.rest, query.as_deref()),
+                    path: redact::redact_path_and_query(uri.path(), uri.query()),
                     status: None,
                     request: Captured::default(),
                     response: None,
@@ -231,7 +232,12 @@ impl Proxy {
             p.exchange.status = Some(parts.status.as_u16());
             Tap::response(redact::redact_headers(&parts.headers), self.max_body_bytes, p)
         });
-        Ok(Response::from_parts(parts, Either::Left(TapBody::new(body, tap))))
+        let mut body = TapBody::new(body, tap);
+        let s = parts.status;
+        if head_request || s.is_informational() || s == StatusCode::NO_CONTENT || s == StatusCode::NOT_MODIFIED {
+            body.finish_bodiless();
+        }
+        Ok(Response::from_parts(parts, Either::Left(body)))
     }
 }
 

@@ -161,6 +161,11 @@ impl<B: Body> TapBody<B> {
 }
 
 impl<B> TapBody<B> {
+    /// The message has no body by definition (HEAD, 1xx, 204, 304): hyper will never poll it.
+    pub fn finish_bodiless(&mut self) {
+        self.finish(End::Complete);
+    }
+
     fn finish(&mut self, end: End) {
         if let Some(tap) = self.tap.take() {
             tap.finish(end);

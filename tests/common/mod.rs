@@ -1,0 +1,637 @@
+//! Test harness: the recorded fixtures, a replaying HTTPS upstream, and the real `llmtap` binary.
+//!
+//! The upstream serves `../shared/fixtures` over TLS (a fresh rcgen CA per run, handed to llmtap as
+//! `ca_file`). A request names its recording with the `x-replay-fixture` header (forwarded unchanged by llmtap,
+//! as any client header is); without it, the upstream matches the request body against every recording of
+//! that path. SSE bodies are sent one event per frame, optionally paced.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+// === fixtures ===
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    Sse,
+    Json,
+    Gzip,
+    Empty,
+}
+
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    /// Directory relative to the fixtures root, e.g. `anthropic_messages/pydantic-ai__thinking_stream`.
+    pub name: String,
+    pub method: String,
+    /// Route name in llmtap (openai, anthropic, gemini, groq, openrouter).
+    pub upstream: &'static str,
+    /// Path and query as the upstream receives it.
+    pub upstream_path: String,
+    /// Path and query the client sends to llmtap.
+    pub client_path: String,
+    pub status: u16,
+    pub response_headers: Vec<(String, String)>,
+    pub kind: BodyKind,
+    /// The response body bytes exactly as the provider sent them (gzip bytes for gzip).
+    pub body: Vec<u8>,
+    pub request: Vec<u8>,
+    /// The recorded non-streamed JSON (decoded for gzip).
+    pub response_json: Option<Value>,
+}
+
+pub fn fixtures_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
+}
+
+/// (host, path prefix that the upstream URL carries) → llmtap route name.
+fn route_for(host: &str) -> Option<(&'static str, &'static str)> {
+    Some(match host {
+        "api.openai.com" => ("openai", ""),
+        "api.anthropic.com" => ("anthropic", ""),
+        "generativelanguage.googleapis.com" => ("gemini", ""),
+        "api.groq.com" => ("groq", "/openai"),
+        "openrouter.ai" => ("openrouter", "/api"),
+        _ => return None,
+    })
+}
+
+pub fn load_fixture(dir: &Path) -> Option<Fixture> {
+    let meta: Value = serde_json::from_slice(&std::fs::read(dir.join("meta.json")).ok()?).ok()?;
+    let request = std::fs::read(dir.join("request.json")).ok()?;
+    let url = meta["url"].as_str()?;
+    let rest = url.strip_prefix("https://")?;
+    let (host, path) = rest.split_at(rest.find('/')?);
+    let (upstream, prefix) = route_for(host)?;
+    let client_path = format!("/{upstream}{}", path.strip_prefix(prefix)?);
+    let (kind, body, response_json) = if dir.join("response.sse").exists() {
+        (BodyKind::Sse, std::fs::read(dir.join("response.sse")).ok()?, None)
+    } else if dir.join("response.body.gz").exists() {
+        let json = serde_json::from_slice(&std::fs::read(dir.join("response.json")).ok()?).ok();
+        (BodyKind::Gzip, std::fs::read(dir.join("response.body.gz")).ok()?, json)
+    } else if dir.join("response.json").exists() {
+        let raw = std::fs::read(dir.join("response.json")).ok()?;
+        let json = serde_json::from_slice(&raw).ok();
+        (BodyKind::Json, raw, json)
+    } else {
+        (BodyKind::Empty, Vec::new(), None)
+    };
+    let mut response_headers = Vec::new();
+    if let Some(h) = meta["response_headers"].as_object() {
+        for (k, vs) in h {
+            let lower = k.to_ascii_lowercase();
+            // Framing headers are the server's business; content-encoding is set from the body kind.
+            if [
+                "content-length",
+                "transfer-encoding",
+                "connection",
+                "content-encoding",
+                "keep-alive",
+            ]
+            .contains(&lower.as_str())
+            {
+                continue;
+            }
+            for v in vs.as_array().into_iter().flatten() {
+                if let Some(v) = v.as_str() {
+                    response_headers.push((lower.clone(), v.to_owned()));
+                }
+            }
+        }
+    }
+    if kind == BodyKind::Gzip {
+        response_headers.push(("content-encoding".into(), "gzip".into()));
+    }
+    let root = fixtures_root();
+    Some(Fixture {
+        name: dir.strip_prefix(&root).unwrap_or(dir).to_string_lossy().into_owned(),
+        method: meta["method"].as_str().unwrap_or("POST").to_owned(),
+        upstream,
+        upstream_path: path.to_owned(),
+        client_path,
+        status: meta["status"]["code"].as_u64().unwrap_or(200) as u16,
+        response_headers,
+        kind,
+        body,
+        request,
+        response_json,
+    })
+}
+
+/// Every replayable interaction (a request and a response), sorted by name.
+pub fn all_fixtures() -> Vec<Fixture> {
+    let mut dirs = Vec::new();
+    collect_dirs(&fixtures_root(), &mut dirs);
+    let mut out: Vec<Fixture> = dirs.iter().filter_map(|d| load_fixture(d)).collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if p.join("meta.json").exists() && p.join("request.json").exists() {
+                out.push(p.clone());
+            }
+            collect_dirs(&p, out);
+        }
+    }
+}
+
+/// The calls of one multi-call session, in recorded order.
+pub fn session(name: &str) -> Vec<Fixture> {
+    let dir = fixtures_root().join("agent_sessions").join(name);
+    let mut calls: Vec<Fixture> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| load_fixture(&e.path()))
+        .collect();
+    calls.sort_by(|a, b| a.name.cmp(&b.name));
+    calls
+}
+
+pub fn session_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(fixtures_root().join("agent_sessions"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Split an SSE body into events, each keeping its own trailing blank line, so that the concatenation is the
+/// original bytes.
+pub fn split_sse(body: &[u8]) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    while i < body.len() {
+        let sep = if body[i..].starts_with(b"\r\n\r\n") {
+            4
+        } else if body[i..].starts_with(b"\n\n") {
+            2
+        } else {
+            0
+        };
+        if sep > 0 {
+            out.push(Bytes::copy_from_slice(&body[start..i + sep]));
+            i += sep;
+            start = i;
+        } else {
+            i += 1;
+        }
+    }
+    if start < body.len() {
+        out.push(Bytes::copy_from_slice(&body[start..]));
+    }
+    out
+}
+
+// === replaying upstream ===
+
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub fixture: Option<String>,
+    pub method: String,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// Whether the body equals the recording's request bytes.
+    pub body_matched: bool,
+    /// Set when the upstream could not send the whole response (the peer went away).
+    pub cancelled: Arc<AtomicBool>,
+}
+
+#[derive(Clone, Default)]
+pub struct ReplayOptions {
+    /// Pause between SSE events.
+    pub event_delay: Duration,
+}
+
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub ca_pem_path: PathBuf,
+    pub received: Arc<Mutex<Vec<Received>>>,
+    _dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct ReplayState {
+    by_name: HashMap<String, Fixture>,
+    options: ReplayOptions,
+    received: Arc<Mutex<Vec<Received>>>,
+    /// How many times each recording was served by body match (to walk through duplicates in order).
+    served: Mutex<HashMap<String, usize>>,
+}
+
+impl Upstream {
+    pub async fn start(options: ReplayOptions) -> Upstream {
+        Self::start_on(options, "127.0.0.1:0".parse().unwrap()).await
+    }
+
+    pub async fn start_on(options: ReplayOptions, bind: SocketAddr) -> Upstream {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+        let ca_pem_path = dir.path().join("upstream-ca.pem");
+        std::fs::write(&ca_pem_path, ca.cert.pem()).unwrap();
+        let cert = rustls_pki_types::CertificateDer::from(ca.cert.der().to_vec());
+        let key = rustls_pki_types::PrivateKeyDer::try_from(ca.signing_key.serialize_der()).unwrap();
+        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], key)
+            .unwrap();
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let state = Arc::new(ReplayState {
+            by_name: all_fixtures().into_iter().map(|f| (f.name.clone(), f)).collect(),
+            options,
+            received: received.clone(),
+            served: Mutex::new(HashMap::new()),
+        });
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else { return };
+                    let svc = hyper::service::service_fn(move |req| replay(state.clone(), req));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+        Upstream {
+            addr,
+            ca_pem_path,
+            received,
+            _dir: dir,
+            task,
+        }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+/// A response body fed from a channel, so the server can pace events and notice a peer that left.
+pub struct ChannelBody(mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+async fn replay(state: Arc<ReplayState>, req: Request<Incoming>) -> Result<Response<ChannelBody>, std::io::Error> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
+    let scenario = parts
+        .headers
+        .get("x-replay-scenario")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let named = parts
+        .headers
+        .get("x-replay-fixture")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let fixture = match &named {
+        Some(n) => state.by_name.get(n).cloned(),
+        None => match_by_body(&state, &path, &body),
+    };
+    let cancelled = Arc::new(AtomicBool::new(false));
+    state.received.lock().unwrap().push(Received {
+        fixture: fixture.as_ref().map(|f| f.name.clone()),
+        method: parts.method.to_string(),
+        path: path.clone(),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+        body_matched: fixture.as_ref().is_some_and(|f| f.request == body),
+        cancelled: cancelled.clone(),
+    });
+
+    let (tx, rx) = mpsc::channel(16);
+    let mut resp = Response::new(ChannelBody(rx));
+    match (scenario.as_deref(), fixture) {
+        (Some("slow-stream"), _) => {
+            resp.headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            let delay = state.options.event_delay.max(Duration::from_millis(50));
+            tokio::spawn(async move {
+                for i in 0..40 {
+                    let ev =
+                        format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n");
+                    if tx.send(Ok(Frame::data(Bytes::from(ev)))).await.is_err() {
+                        cancelled.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                    tokio::time::sleep(delay).await;
+                    if tx.is_closed() {
+                        cancelled.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                }
+                let _ = tx.send(Ok(Frame::data(Bytes::from_static(b"data: [DONE]\n\n")))).await;
+            });
+        }
+        (Some("reset-midstream"), _) => {
+            resp.headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            tokio::spawn(async move {
+                let ev = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"partial\"}}]}\n\n";
+                let _ = tx.send(Ok(Frame::data(Bytes::from(ev)))).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = tx.send(Err(std::io::Error::other("upstream reset"))).await;
+            });
+        }
+        (_, Some(f)) => {
+            *resp.status_mut() = StatusCode::from_u16(f.status).unwrap();
+            for (k, v) in &f.response_headers {
+                if let (Ok(k), Ok(v)) = (http::HeaderName::from_bytes(k.as_bytes()), v.parse()) {
+                    resp.headers_mut().append(k, v);
+                }
+            }
+            let delay = state.options.event_delay;
+            tokio::spawn(async move {
+                let frames = if f.kind == BodyKind::Sse {
+                    split_sse(&f.body)
+                } else {
+                    vec![Bytes::from(f.body)]
+                };
+                for fr in frames {
+                    if fr.is_empty() {
+                        continue;
+                    }
+                    if tx.send(Ok(Frame::data(fr))).await.is_err() {
+                        cancelled.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                }
+            });
+        }
+        (_, None) => {
+            *resp.status_mut() = StatusCode::from_u16(599).unwrap();
+            let _ = tx.try_send(Ok(Frame::data(Bytes::from(format!("no recording for {path}")))));
+        }
+    }
+    Ok(resp)
+}
+
+fn match_by_body(state: &ReplayState, path: &str, body: &[u8]) -> Option<Fixture> {
+    let want: Value = serde_json::from_slice(body).ok()?;
+    let mut candidates: Vec<&Fixture> = state
+        .by_name
+        .values()
+        .filter(|f| f.upstream_path == path && serde_json::from_slice::<Value>(&f.request).ok().as_ref() == Some(&want))
+        .collect();
+    candidates.sort_by(|a, b| a.name.cmp(&b.name));
+    if candidates.is_empty() {
+        return None;
+    }
+    let key = format!("{path}\u{1}{want}");
+    let mut served = state.served.lock().unwrap();
+    let n = served.entry(key).or_insert(0);
+    let pick = candidates[*n % candidates.len()].clone();
+    *n += 1;
+    Some(pick)
+}
+
+// === the llmtap binary ===
+
+pub struct Llmtap {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub data_dir: PathBuf,
+    pub config_path: PathBuf,
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_llmtap")
+}
+
+/// Config routing every fixture host to the replaying upstream.
+pub fn upstream_config(up: &Upstream, extra: &str) -> String {
+    let base = format!("https://127.0.0.1:{}", up.addr.port());
+    let ca = up.ca_pem_path.display();
+    let mut s = String::new();
+    for (name, prefix) in [
+        ("openai", ""),
+        ("anthropic", ""),
+        ("gemini", ""),
+        ("groq", "/openai"),
+        ("openrouter", "/api"),
+    ] {
+        s.push_str(&format!(
+            "[upstreams.{name}]\nurl = \"{base}{prefix}\"\nca_file = \"{ca}\"\n"
+        ));
+    }
+    s.push_str(extra);
+    s
+}
+
+impl Llmtap {
+    /// Start `llmtap serve` on a free loopback port with `config` (TOML) and `data_dir`.
+    pub fn start(config: &str, data_dir: &Path) -> Llmtap {
+        std::fs::create_dir_all(data_dir).unwrap();
+        let config_path = data_dir.join("llmtap-test.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut child = Command::new(bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config_path)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(20)).expect("llmtap did not start");
+        let addr = line.trim().rsplit("http://").next().unwrap().parse().expect(&line);
+        Llmtap {
+            child: Some(child),
+            addr,
+            data_dir: data_dir.to_owned(),
+            config_path,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Run a CLI subcommand against this instance's store; returns stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(bin())
+            .args(args)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "llmtap {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn export(&self, format: &str, extra: &[&str]) -> Vec<Value> {
+        let mut args = vec!["export", "--format", format];
+        args.extend_from_slice(extra);
+        self.cli(&args)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Wait until the store holds at least `n` provider traces (capture is asynchronous by design).
+    pub fn wait_for_traces(&self, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let traces = self.export("provider-traces", &[]);
+            if traces.len() >= n || Instant::now() > deadline {
+                return traces;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn metrics(&self) -> String {
+        let out = Command::new(bin())
+            .args(["status", "--addr", &self.addr.to_string()])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn metric(&self, name: &str) -> u64 {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let c = self.child.as_mut().unwrap();
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status()
+            .unwrap();
+        let status = c.wait().unwrap();
+        self.child = None;
+        status
+    }
+}
+
+impl Drop for Llmtap {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+// === a plain HTTP client ===
+
+pub type Client = hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+pub fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+pub async fn send(client: &Client, method: &str, url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
+    let mut req = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client
+        .request(req.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Reply { status, headers, body }
+}
+
+/// Send a fixture's request through llmtap, naming the recording for the upstream.
+pub async fn send_fixture(client: &Client, tap: &Llmtap, f: &Fixture, extra: &[(&str, &str)]) -> Reply {
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("x-replay-fixture", f.name.as_str()),
+    ];
+    headers.extend_from_slice(extra);
+    send(client, &f.method, &tap.url(&f.client_path), &headers, f.request.clone()).await
+}
