@@ -4,7 +4,7 @@
 //! `ca_file`). A request names its recording with the `x-replay-fixture` header (forwarded unchanged by llmtap,
 //! as any client header is); without it, the upstream matches the request body against every recording of
 //! that path. SSE bodies are sent one event per frame, optionally paced.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
