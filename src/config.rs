@@ -266,15 +266,14 @@ impl RawConfig {
         for (name, raw) in self.upstreams {
             let key = format!("upstreams.{name}");
             if name.is_empty()
-                || name == "s"
-                || name == "a"
+                || ["s", "a", "metrics", "healthz"].contains(&name.as_str())
                 || !name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
             {
                 return Err(invalid(
                     key,
-                    "upstream names are path segments: letters, digits, '-', '_', '.'; 's' and 'a' are reserved",
+                    "upstream names are path segments: letters, digits, '-', '_', '.'; 's', 'a', 'metrics' and 'healthz' are reserved",
                 ));
             }
             let builtin_api = builtin_upstreams()
@@ -368,5 +367,19 @@ mod tests {
         assert!(err.contains("upstreams.x.url"), "{err}");
         let raw = RawConfig::from_toml("listen = \"nope\"\n").unwrap();
         assert!(raw.validate().unwrap_err().to_string().contains("`listen`"));
+    }
+
+    #[test]
+    fn shipped_examples_are_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "toml") {
+                let raw = RawConfig::from_file(&entry.path()).unwrap();
+                raw.validate().unwrap();
+                n += 1;
+            }
+        }
+        assert!(n >= 2);
     }
 }
