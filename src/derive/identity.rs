@@ -11,7 +11,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use serde_json::Value;
 
-use crate::model::call::{Message, NormalizedCall, Output, Part, Role};
+use crate::model::call::{Message, NormalizedCall, Output, Part, Role, ToolCall};
 use crate::model::short_hash;
 
 /// `sp_` + 16 hex of SHA-256 of the system text.
@@ -38,25 +38,44 @@ pub fn user_key(m: &Message) -> String {
     out
 }
 
-fn assistant_key_from(text: &str, calls: &mut dyn Iterator<Item = (&str, &str)>) -> String {
-    let ids: Vec<String> = calls
-        .map(|(id, name)| if id.is_empty() { name.to_owned() } else { id.to_owned() })
-        .collect();
-    if ids.is_empty() {
-        format!("text:{}", text.trim())
-    } else {
-        format!("calls:{}", ids.join(","))
+/// Whether tool call ids can be trusted to survive the echo. Providers that assign ids (OpenAI, Anthropic)
+/// see them echoed verbatim; Gemini usually returns calls without ids and clients invent their own when they
+/// echo, so there a call is known by its name and canonical arguments instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallIds {
+    Stable,
+    ClientAssigned,
+}
+
+fn call_key(c: &ToolCall, ids: CallIds) -> String {
+    match ids {
+        CallIds::Stable if !c.id.is_empty() => c.id.clone(),
+        _ => {
+            let mut h = DefaultHasher::new();
+            hash_canonical(&c.arguments, &mut h);
+            format!("{}#{:016x}", c.name, h.finish())
+        }
     }
 }
 
-pub fn assistant_key(m: &Message) -> String {
-    assistant_key_from(&m.text(), &mut m.tool_calls().map(|c| (c.id.as_str(), c.name.as_str())))
+fn assistant_key_from<'a>(text: &str, calls: impl Iterator<Item = &'a ToolCall>, ids: CallIds) -> String {
+    let keys: Vec<String> = calls.map(|c| call_key(c, ids)).collect();
+    if keys.is_empty() {
+        format!("text:{}", text.trim())
+    } else {
+        format!("calls:{}", keys.join(","))
+    }
 }
 
-pub fn output_key(o: &Output) -> String {
+pub fn assistant_key(m: &Message, ids: CallIds) -> String {
+    assistant_key_from(&m.text(), m.tool_calls(), ids)
+}
+
+pub fn output_key(o: &Output, ids: CallIds) -> String {
     assistant_key_from(
         o.text.as_deref().or(o.refusal.as_deref()).unwrap_or(""),
-        &mut o.tool_calls.iter().map(|c| (c.id.as_str(), c.name.as_str())),
+        o.tool_calls.iter(),
+        ids,
     )
 }
 
@@ -75,7 +94,7 @@ pub struct RootKeys {
     pub first_user_text: String,
 }
 
-pub fn root_keys(scope: &str, call: &NormalizedCall) -> RootKeys {
+pub fn root_keys(scope: &str, call: &NormalizedCall, ids: CallIds) -> RootKeys {
     let first_user = call
         .messages
         .iter()
@@ -84,8 +103,8 @@ pub fn root_keys(scope: &str, call: &NormalizedCall) -> RootKeys {
         .unwrap_or_default();
     let first_assistant = call.messages.iter().find(|m| m.role == Role::Assistant);
     let assistant = match first_assistant {
-        Some(m) => assistant_key(m),
-        None => output_key(&call.output),
+        Some(m) => assistant_key(m, ids),
+        None => output_key(&call.output, ids),
     };
     let prefix = short_hash(
         format!(
@@ -104,7 +123,7 @@ pub fn root_keys(scope: &str, call: &NormalizedCall) -> RootKeys {
 }
 
 /// A message's fingerprint for prefix comparison: role and content, reasoning dropped, arguments canonical.
-pub fn fingerprint(m: &Message) -> u64 {
+pub fn fingerprint(m: &Message, ids: CallIds) -> u64 {
     let mut h = DefaultHasher::new();
     (m.role as u8).hash(&mut h);
     for p in &m.parts {
@@ -113,10 +132,19 @@ pub fn fingerprint(m: &Message) -> u64 {
             Part::Reasoning { .. } => {}
             Part::Media { reference, .. } => ("m", reference).hash(&mut h),
             Part::ToolCall(c) => {
-                ("c", &c.id, &c.name).hash(&mut h);
+                ("c", &c.name).hash(&mut h);
+                if ids == CallIds::Stable {
+                    c.id.hash(&mut h);
+                }
                 hash_canonical(&c.arguments, &mut h);
             }
-            Part::ToolResult { call_id, content, .. } => ("r", call_id, content.trim()).hash(&mut h),
+            Part::ToolResult { call_id, content, .. } => {
+                "r".hash(&mut h);
+                if ids == CallIds::Stable {
+                    call_id.hash(&mut h);
+                }
+                content.trim().hash(&mut h);
+            }
         }
     }
     h.finish()
@@ -204,12 +232,22 @@ mod tests {
                 }),
             ],
         };
-        assert_eq!(fingerprint(&a), fingerprint(&b));
+        assert_eq!(fingerprint(&a, CallIds::Stable), fingerprint(&b, CallIds::Stable));
         let c = Message {
             role: Role::User,
             parts: b.parts.clone(),
         };
-        assert_ne!(fingerprint(&b), fingerprint(&c));
+        assert_ne!(fingerprint(&b, CallIds::Stable), fingerprint(&c, CallIds::Stable));
+        // Client-assigned ids do not count where ids are not the provider's.
+        let mut d = b.clone();
+        if let Part::ToolCall(tc) = &mut d.parts[1] {
+            tc.id = "pyd_ai_1".into();
+        }
+        assert_ne!(fingerprint(&b, CallIds::Stable), fingerprint(&d, CallIds::Stable));
+        assert_eq!(
+            fingerprint(&b, CallIds::ClientAssigned),
+            fingerprint(&d, CallIds::ClientAssigned)
+        );
     }
 
     #[test]

@@ -29,7 +29,9 @@ use crate::model::step::{
 use crate::model::trace::{ProviderTrace, rfc3339};
 use crate::pipeline::process::Processed;
 use crate::store::Record;
-use identity::{fingerprint, message_bytes, output_as_message, output_is_empty, root_keys, system_prompt_hash};
+use identity::{
+    CallIds, fingerprint, message_bytes, output_as_message, output_is_empty, root_keys, system_prompt_hash,
+};
 
 /// Calls with at most this many output tokens allowed are cache-priming / quota probes.
 const WARMUP_MAX_TOKENS: u64 = 1;
@@ -102,7 +104,8 @@ impl Deriver {
             return vec![Record::Trace(Box::new(trace))];
         };
         let mut out = Vec::new();
-        let traj_id = self.trajectory_id(&trace, &call);
+        let ids = call_ids(trace.api);
+        let traj_id = self.trajectory_id(&trace, &call, ids);
         trace.trajectory_id = Some(traj_id.clone());
         let is_new = !self.trajectories.contains_key(&traj_id);
         let parent = if is_new {
@@ -119,11 +122,12 @@ impl Deriver {
             for p in &m.parts {
                 if let Part::ToolResult {
                     call_id,
+                    name,
                     content,
                     is_error,
-                    ..
                 } = p
-                    && let Some(step) = self.attach_observation(call_id, content, *is_error, now)
+                    && let Some(step) =
+                        self.attach_observation(&traj_id, call_id, name.as_deref(), content, *is_error, now)
                 {
                     out.push(Record::Step(Box::new(step)));
                 }
@@ -219,7 +223,7 @@ impl Deriver {
 
         // The agent step.
         let usage = call.usage.unwrap_or_default();
-        let (prefix_reuse, estimated) = prefix_reuse(traj.last.as_ref(), &call, sp_hash.as_deref());
+        let (prefix_reuse, estimated) = prefix_reuse(traj.last.as_ref(), &call, sp_hash.as_deref(), ids);
         let model = trace.model.clone().or(call.model_requested.clone());
         let mut step = base.step(agent_index, StepRole::Agent);
         step.content = call.output.text.clone().or(call.output.refusal.clone());
@@ -278,10 +282,10 @@ impl Deriver {
         }
 
         // Bookkeeping for the next call.
-        let mut fps: Vec<u64> = call.messages.iter().map(fingerprint).collect();
+        let mut fps: Vec<u64> = call.messages.iter().map(|m| fingerprint(m, ids)).collect();
         let mut bytes: Vec<usize> = call.messages.iter().map(message_bytes).collect();
         let out_msg = output_as_message(&call.output);
-        fps.push(fingerprint(&out_msg));
+        fps.push(fingerprint(&out_msg, ids));
         bytes.push(message_bytes(&out_msg));
         traj.last = Some(LastCall {
             system_hash: sp_hash,
@@ -325,7 +329,7 @@ impl Deriver {
         out
     }
 
-    fn trajectory_id(&mut self, trace: &ProviderTrace, call: &NormalizedCall) -> String {
+    fn trajectory_id(&mut self, trace: &ProviderTrace, call: &NormalizedCall, ids: CallIds) -> String {
         if let Some(prev) = &call.previous_response_id {
             if let Some(t) = self.response_owner.get(prev) {
                 return t.clone();
@@ -336,7 +340,7 @@ impl Deriver {
             return format!("tr_{}", crate::model::short_hash(format!("conv\u{1}{conv}").as_bytes()));
         }
         let scope = trace.meta.session.as_deref().unwrap_or("");
-        let keys = root_keys(scope, call);
+        let keys = root_keys(scope, call, ids);
         if let Some(t) = self.aliases.get(&keys.root) {
             return t.clone();
         }
@@ -425,9 +429,41 @@ impl Deriver {
         })
     }
 
-    /// Link a tool result to its call; returns the updated step to re-emit.
-    fn attach_observation(&mut self, call_id: &str, content: &str, is_error: bool, at: UnixMicros) -> Option<Step> {
-        let owner = self.call_owner.remove(call_id)?;
+    /// Link a tool result to its call, by id, else (for client-assigned ids) by tool name to the earliest
+    /// open call of that name in the result's own trajectory. Returns the updated step to re-emit.
+    fn attach_observation(
+        &mut self,
+        traj_id: &str,
+        result_id: &str,
+        name: Option<&str>,
+        content: &str,
+        is_error: bool,
+        at: UnixMicros,
+    ) -> Option<Step> {
+        let (owner, call_id) = match self.call_owner.get(result_id) {
+            Some(owner) => (owner.clone(), result_id.to_owned()),
+            None => {
+                let t = self.trajectories.get(traj_id)?;
+                let name = name?;
+                let mut open: Vec<(u32, usize, &String)> = t
+                    .open_calls
+                    .iter()
+                    .filter_map(|(id, idx)| {
+                        let pos = t
+                            .steps
+                            .get(idx)?
+                            .tool_calls
+                            .iter()
+                            .position(|c| &c.tool_call_id == id && c.tool_name == name)?;
+                        Some((*idx, pos, id))
+                    })
+                    .collect();
+                open.sort();
+                (traj_id.to_owned(), open.first()?.2.clone())
+            }
+        };
+        self.call_owner.remove(&call_id);
+        let call_id = call_id.as_str();
         let t = self.trajectories.get_mut(&owner)?;
         let idx = t.open_calls.remove(call_id)?;
         let last_end = t.last_end_us;
@@ -561,6 +597,13 @@ impl StepBase<'_> {
     }
 }
 
+fn call_ids(api: crate::capture::Api) -> CallIds {
+    match api {
+        crate::capture::Api::GeminiGenerateContent => CallIds::ClientAssigned,
+        _ => CallIds::Stable,
+    }
+}
+
 fn step_status(trace: &ProviderTrace, call: &NormalizedCall) -> (&'static str, Option<String>) {
     if trace.outcome == Outcome::ClientGone {
         return (
@@ -582,12 +625,12 @@ fn step_status(trace: &ProviderTrace, call: &NormalizedCall) -> (&'static str, O
 
 /// Prefix reuse against the previous call of the trajectory: exact when this prompt extends the previous
 /// prompt plus its output turn; otherwise estimated from the bytes of the common message prefix.
-fn prefix_reuse(last: Option<&LastCall>, call: &NormalizedCall, sp_hash: Option<&str>) -> (u64, bool) {
+fn prefix_reuse(last: Option<&LastCall>, call: &NormalizedCall, sp_hash: Option<&str>, ids: CallIds) -> (u64, bool) {
     let Some(last) = last else { return (0, false) };
     if last.system_hash.as_deref() != sp_hash {
         return (0, false);
     }
-    let fps: Vec<u64> = call.messages.iter().map(fingerprint).collect();
+    let fps: Vec<u64> = call.messages.iter().map(|m| fingerprint(m, ids)).collect();
     let common = fps.iter().zip(&last.fingerprints).take_while(|(a, b)| a == b).count();
     let prev_total = last.input_tokens + last.output_tokens;
     if common == last.fingerprints.len() && fps.len() > common {
