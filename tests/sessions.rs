@@ -158,7 +158,7 @@ async fn anthropic_parallel_tool_results_all_link_to_their_calls() {
     assert_eq!(steps[0]["tool_calls"].as_array().unwrap().len(), 4);
     assert_eq!(steps[0]["observations"].as_array().unwrap().len(), 4);
     assert_eq!(observed_ids(&r), expected_links(&session(name)));
-    assert_eq!(steps[0]["token_usage"]["input_tokens"].as_u64().unwrap() > 0, true);
+    assert!(steps[0]["token_usage"]["input_tokens"].as_u64().unwrap() > 0);
     assert!(steps[0]["system_prompt_hash"].as_str().unwrap().starts_with("sp_"));
     assert_eq!(steps[1]["finish_reason"], "stop");
 }
