@@ -7,7 +7,11 @@
 //! Echoes are imperfect (thinking dropped, arguments re-serialized, whitespace), so keys use tool call ids when
 //! there are any (the strongest join key) and trimmed text otherwise, never reasoning or signatures.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{Hash, Hasher};
+
+// Fingerprints only compare a client's echo with what it echoes; FxHash is several times faster than SipHash on
+// long text and collision attacks are not a concern for prefix-reuse accounting.
+use rustc_hash::FxHasher as DefaultHasher;
 
 use serde_json::Value;
 
@@ -51,7 +55,7 @@ fn call_key(c: &ToolCall, ids: CallIds) -> String {
     match ids {
         CallIds::Stable if !c.id.is_empty() => c.id.clone(),
         _ => {
-            let mut h = DefaultHasher::new();
+            let mut h = DefaultHasher::default();
             hash_canonical(&c.arguments, &mut h);
             format!("{}#{:016x}", c.name, h.finish())
         }
@@ -124,7 +128,7 @@ pub fn root_keys(scope: &str, call: &NormalizedCall, ids: CallIds) -> RootKeys {
 
 /// A message's fingerprint for prefix comparison: role and content, reasoning dropped, arguments canonical.
 pub fn fingerprint(m: &Message, ids: CallIds) -> u64 {
-    let mut h = DefaultHasher::new();
+    let mut h = DefaultHasher::default();
     (m.role as u8).hash(&mut h);
     for p in &m.parts {
         match p {
@@ -187,6 +191,17 @@ fn hash_canonical(v: &Value, h: &mut DefaultHasher) {
     }
 }
 
+/// Approximate serialized size of a JSON value, without serializing it.
+fn json_size(v: &Value) -> usize {
+    match v {
+        Value::Null | Value::Bool(_) => 4,
+        Value::Number(_) => 8,
+        Value::String(s) => s.len() + 2,
+        Value::Array(a) => 2 + a.iter().map(json_size).sum::<usize>() + a.len(),
+        Value::Object(o) => 2 + o.iter().map(|(k, v)| k.len() + 4 + json_size(v)).sum::<usize>(),
+    }
+}
+
 /// Approximate size of a message in bytes (for estimating prefix reuse when it is not exact).
 pub fn message_bytes(m: &Message) -> usize {
     m.parts
@@ -194,7 +209,7 @@ pub fn message_bytes(m: &Message) -> usize {
         .map(|p| match p {
             Part::Text { text } | Part::Reasoning { text } => text.len(),
             Part::Media { reference, .. } => reference.len(),
-            Part::ToolCall(c) => c.name.len() + c.arguments.to_string().len(),
+            Part::ToolCall(c) => c.name.len() + json_size(&c.arguments),
             Part::ToolResult { content, .. } => content.len(),
         })
         .sum::<usize>()

@@ -35,9 +35,19 @@ use identity::{
 
 /// Calls with at most this many output tokens allowed are cache-priming / quota probes.
 const WARMUP_MAX_TOKENS: u64 = 1;
-/// Argument values shorter than this are too common to identify a sub-agent by.
+/// Argument values shorter than this are too common to identify a sub-agent by, even for a delegation tool.
 const MIN_ARG_MATCH_LEN: usize = 6;
+/// A first user turn at least this long found inside a call's arguments means the call started it.
+const MIN_PROMPT_MATCH_LEN: usize = 16;
+/// How many of the most recent open candidate calls a new root is compared with.
+const MAX_PARENT_CANDIDATES: usize = 64;
+/// Any tool's argument this long appearing verbatim in a new root's prompt means the call started it.
+const MIN_LONG_ARG_LEN: usize = 24;
+/// Name fragments of tools that start other agents (Claude Code `Task`, ADK `transfer_to_agent`, handoffs).
+const DELEGATION_TOOL_WORDS: &[&str] = &["task", "agent", "transfer", "handoff", "delegate", "spawn", "dispatch"];
 const OUTPUT_SUMMARY_CHARS: usize = 200;
+/// A compaction summary is a real summary, not a one-line question that happens to say "summarize".
+const COMPACTION_MIN_CHARS: usize = 200;
 
 struct ParentRef {
     trajectory_id: String,
@@ -66,13 +76,62 @@ struct Trajectory {
     last_end_us: UnixMicros,
     last_seen_us: UnixMicros,
     next_index: u32,
+    /// How many calls were seen at each agent step index (retries repeat an index).
+    attempts: HashMap<u32, u32>,
     parent: Option<(String, u32, String, Option<String>)>,
     models: BTreeSet<String>,
     call_types: BTreeSet<&'static str>,
 }
 
+/// Open tool calls that could have started a sub-agent, newest last.
+#[derive(Default)]
+struct ParentCandidates {
+    by_time: BTreeMap<(UnixMicros, u64), String>,
+    by_call: HashMap<String, ((UnixMicros, u64), Candidate)>,
+    seq: u64,
+}
+
+struct Candidate {
+    owner: String,
+    leaves: Vec<String>,
+    delegating: bool,
+}
+
+impl ParentCandidates {
+    /// Remember a call if it could start a sub-agent: a delegation tool, or any argument long enough to be a
+    /// prompt.
+    fn add(&mut self, call_id: &str, owner: &str, tool_name: &str, args: &serde_json::Value, at: UnixMicros) {
+        let delegating = is_delegation_tool(tool_name);
+        let leaves: Vec<String> = string_leaves(args)
+            .into_iter()
+            .filter(|s| s.len() >= MIN_ARG_MATCH_LEN)
+            .collect();
+        if !delegating && !leaves.iter().any(|s| s.len() >= MIN_PROMPT_MATCH_LEN) {
+            return;
+        }
+        self.seq += 1;
+        let key = (at, self.seq);
+        self.by_time.insert(key, call_id.to_owned());
+        let candidate = Candidate {
+            owner: owner.to_owned(),
+            leaves,
+            delegating,
+        };
+        if let Some((old, _)) = self.by_call.insert(call_id.to_owned(), (key, candidate)) {
+            self.by_time.remove(&old);
+        }
+    }
+
+    fn remove(&mut self, call_id: &str) {
+        if let Some((key, _)) = self.by_call.remove(call_id) {
+            self.by_time.remove(&key);
+        }
+    }
+}
+
 pub struct Deriver {
     config: DeriveConfig,
+    candidates: ParentCandidates,
     trajectories: HashMap<String, Trajectory>,
     /// Open tool call id → owning trajectory.
     call_owner: HashMap<String, String>,
@@ -89,6 +148,7 @@ impl Deriver {
         Deriver {
             config,
             trajectories: HashMap::new(),
+            candidates: ParentCandidates::default(),
             call_owner: HashMap::new(),
             response_owner: HashMap::new(),
             aliases: HashMap::new(),
@@ -110,6 +170,11 @@ impl Deriver {
         let is_new = !self.trajectories.contains_key(&traj_id);
         let parent = if is_new {
             self.find_parent(&traj_id, &call)
+        } else {
+            None
+        };
+        let continues = if is_new && parent.is_none() {
+            self.find_compacted(&traj_id, &trace, &call)
         } else {
             None
         };
@@ -140,6 +205,7 @@ impl Deriver {
                 session_id: trace.meta.session.clone(),
                 agent: trace.meta.agent.clone(),
                 started_at: rfc3339(trace.timings.start),
+                continues,
                 ..TrajectorySummary::default()
             },
             steps: BTreeMap::new(),
@@ -148,6 +214,7 @@ impl Deriver {
             last_end_us: 0,
             last_seen_us: now,
             next_index: 0,
+            attempts: HashMap::new(),
             parent: parent.map(|p| (p.trajectory_id, p.step_index, p.tool_call_id, p.agent_role)),
             models: BTreeSet::new(),
             call_types: BTreeSet::new(),
@@ -173,7 +240,7 @@ impl Deriver {
         let agent_index = index;
         traj.next_index = traj.next_index.max(agent_index + 1);
 
-        let call_type = if call.max_output_tokens.is_some_and(|m| m <= WARMUP_MAX_TOKENS) {
+        let call_type = if is_warmup(&call) {
             CallType::Warmup
         } else if traj.parent.is_some() {
             CallType::Subagent
@@ -181,13 +248,15 @@ impl Deriver {
             CallType::Main
         };
         let sp_hash = call.system.as_deref().map(system_prompt_hash);
-        if let (Some(h), Some(text)) = (&sp_hash, &call.system) {
-            traj.summary
-                .system_prompts
-                .entry(h.clone())
-                .or_insert_with(|| text.clone());
+        let mut heavy_changed = is_new;
+        if let (Some(h), Some(text)) = (&sp_hash, &call.system)
+            && !traj.summary.system_prompts.contains_key(h)
+        {
+            traj.summary.system_prompts.insert(h.clone(), text.clone());
+            heavy_changed = true;
         }
         if traj.summary.tool_definitions.is_empty() && !call.tools.is_empty() {
+            heavy_changed = true;
             traj.summary.tool_definitions = call.tools.iter().filter_map(|t| serde_json::to_value(t).ok()).collect();
         }
         let (parent_traj, parent_step, parent_call, agent_role) = match &traj.parent {
@@ -223,9 +292,16 @@ impl Deriver {
 
         // The agent step.
         let usage = call.usage.unwrap_or_default();
-        let (prefix_reuse, estimated) = prefix_reuse(traj.last.as_ref(), &call, sp_hash.as_deref(), ids);
+        let mut fps: Vec<u64> = call.messages.iter().map(|m| fingerprint(m, ids)).collect();
+        let (prefix_reuse, estimated) = prefix_reuse(traj.last.as_ref(), &fps, sp_hash.as_deref());
         let model = trace.model.clone().or(call.model_requested.clone());
         let mut step = base.step(agent_index, StepRole::Agent);
+        // The same call sent again (a retry at the same point of the conversation) keeps both attempts.
+        let attempt = traj.attempts.entry(agent_index).or_insert(0);
+        *attempt += 1;
+        if *attempt > 1 {
+            step.step_id = format!("{}#{attempt}", step.step_id);
+        }
         step.content = call.output.text.clone().or(call.output.refusal.clone());
         step.reasoning_content = call.output.reasoning.clone();
         step.model = model.as_ref().map(|m| format!("{}/{m}", trace.upstream));
@@ -273,16 +349,20 @@ impl Deriver {
                 .map(|f| (f - trace.timings.start) as f64 / 1000.0),
         });
 
-        for c in &call.output.tool_calls {
-            traj.open_calls.insert(c.id.clone(), agent_index);
-            self.call_owner.insert(c.id.clone(), traj_id.clone());
+        // A warmup's output is never used, so its tool calls never wait for results.
+        if call_type != CallType::Warmup {
+            for c in &call.output.tool_calls {
+                traj.open_calls.insert(c.id.clone(), agent_index);
+                self.call_owner.insert(c.id.clone(), traj_id.clone());
+                self.candidates
+                    .add(&c.id, &traj_id, &c.name, &c.arguments, trace.timings.end);
+            }
         }
         if let Some(rid) = &call.response_id {
             self.response_owner.insert(rid.clone(), traj_id.clone());
         }
 
         // Bookkeeping for the next call.
-        let mut fps: Vec<u64> = call.messages.iter().map(|m| fingerprint(m, ids)).collect();
         let mut bytes: Vec<usize> = call.messages.iter().map(message_bytes).collect();
         let out_msg = output_as_message(&call.output);
         fps.push(fingerprint(&out_msg, ids));
@@ -316,7 +396,13 @@ impl Deriver {
             s.parent_trajectory_id = Some(pt.clone());
             s.parent_step = Some(*ps);
         }
-        let summary = s.clone();
+        // System prompt texts and tool definitions are large and rarely change: send them only when they do
+        // (the store keeps the last ones it was given).
+        let summary = if heavy_changed {
+            s.clone()
+        } else {
+            s.without_heavy_parts()
+        };
 
         // Keep only steps that can still change: those with open calls, and the latest.
         let open: BTreeSet<u32> = traj.open_calls.values().copied().collect();
@@ -341,6 +427,13 @@ impl Deriver {
         }
         let scope = trace.meta.session.as_deref().unwrap_or("");
         let keys = root_keys(scope, call, ids);
+        if is_warmup(call) {
+            // A priming/quota probe is a side call: its own one-call trajectory, never a step of the real one.
+            return format!(
+                "tr_{}",
+                crate::model::short_hash(format!("warmup\u{1}{}", keys.root).as_bytes())
+            );
+        }
         if let Some(t) = self.aliases.get(&keys.root) {
             return t.clone();
         }
@@ -378,37 +471,58 @@ impl Deriver {
             }
         }
         // 2. Task/transfer tools: an outstanding call's argument appears in the new root's first user turn or
-        //    system prompt, or the first user turn appears in the arguments. Most recent trajectory first.
+        //    system prompt, or the first user turn appears in the arguments. A sub-agent starts right after its
+        //    parent's call, so only the most recent candidate calls are examined (bounded work per new root).
         let first_user = call
             .messages
             .iter()
             .find(|m| m.role == Role::User)
             .map(|m| m.text())
             .unwrap_or_default();
+        let first_user = first_user.trim();
         let system = call.system.as_deref().unwrap_or("");
-        let mut candidates: Vec<(&String, &Trajectory)> = self
-            .trajectories
-            .iter()
-            .filter(|(id, t)| *id != traj_id && !t.open_calls.is_empty())
-            .collect();
-        candidates.sort_by_key(|(_, t)| std::cmp::Reverse(t.last_seen_us));
-        for (owner, t) in candidates {
-            for (call_id, idx) in &t.open_calls {
-                let Some(step) = t.steps.get(idx) else { continue };
-                let Some(tc) = step.tool_calls.iter().find(|c| &c.tool_call_id == call_id) else {
-                    continue;
-                };
-                let args_text = tc.input.to_string();
-                let arg_hit = string_leaves(&tc.input).iter().any(|s| {
-                    s.len() >= MIN_ARG_MATCH_LEN && (first_user.contains(s.as_str()) || system.contains(s.as_str()))
-                });
-                let prompt_hit = first_user.trim().len() >= 16 && args_text.contains(first_user.trim());
-                if arg_hit || prompt_hit {
-                    return self.parent_ref(owner, call_id);
-                }
+        for call_id in self.candidates.by_time.values().rev().take(MAX_PARENT_CANDIDATES) {
+            let Some((_, c)) = self.candidates.by_call.get(call_id) else {
+                continue;
+            };
+            if c.owner == traj_id {
+                continue;
+            }
+            let arg_hit = c.leaves.iter().any(|s| {
+                let long_enough = s.len() >= MIN_LONG_ARG_LEN || (c.delegating && s.len() >= MIN_ARG_MATCH_LEN);
+                long_enough && (first_user.contains(s.as_str()) || system.contains(s.as_str()))
+            });
+            let prompt_hit =
+                first_user.len() >= MIN_PROMPT_MATCH_LEN && c.leaves.iter().any(|s| s.contains(first_user));
+            if arg_hit || prompt_hit {
+                return self.parent_ref(&c.owner, call_id);
             }
         }
         None
+    }
+
+    /// Compaction: a new root in the same session, with the same system prompt as an open trajectory, whose
+    /// first user turn is a summary of the conversation so far, continues that trajectory. Agents word the
+    /// summary turn differently; what they share is saying it is a summary ("summary", "summarized") of a
+    /// conversation that is being continued, and being long.
+    fn find_compacted(&self, traj_id: &str, trace: &ProviderTrace, call: &NormalizedCall) -> Option<String> {
+        let first_user = call.messages.iter().find(|m| m.role == Role::User)?.text();
+        let lower = first_user.to_lowercase();
+        let summary_like =
+            lower.contains("summar") && (lower.contains("continu") || lower.contains("previous conversation"));
+        if !summary_like || first_user.len() < COMPACTION_MIN_CHARS {
+            return None;
+        }
+        let sp_hash = call.system.as_deref().map(system_prompt_hash);
+        self.trajectories
+            .iter()
+            .filter(|(id, t)| {
+                *id != traj_id
+                    && t.summary.session_id == trace.meta.session
+                    && t.last.as_ref().is_some_and(|l| l.system_hash == sp_hash)
+            })
+            .max_by_key(|(_, t)| t.last_seen_us)
+            .map(|(id, _)| id.clone())
     }
 
     fn parent_ref(&self, owner: &str, call_id: &str) -> Option<ParentRef> {
@@ -463,6 +577,7 @@ impl Deriver {
             }
         };
         self.call_owner.remove(&call_id);
+        self.candidates.remove(&call_id);
         let call_id = call_id.as_str();
         let t = self.trajectories.get_mut(&owner)?;
         let idx = t.open_calls.remove(call_id)?;
@@ -519,6 +634,7 @@ impl Deriver {
         let mut out = Vec::new();
         for (call_id, idx) in t.open_calls.drain() {
             self.call_owner.remove(&call_id);
+            self.candidates.remove(&call_id);
             if let Some(step) = t.steps.get_mut(&idx) {
                 step.observations.push(Observation {
                     source_call_id: call_id,
@@ -597,6 +713,15 @@ impl StepBase<'_> {
     }
 }
 
+fn is_delegation_tool(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    DELEGATION_TOOL_WORDS.iter().any(|w| lower.contains(w))
+}
+
+fn is_warmup(call: &NormalizedCall) -> bool {
+    call.max_output_tokens.is_some_and(|m| m <= WARMUP_MAX_TOKENS)
+}
+
 fn call_ids(api: crate::capture::Api) -> CallIds {
     match api {
         crate::capture::Api::GeminiGenerateContent => CallIds::ClientAssigned,
@@ -625,12 +750,11 @@ fn step_status(trace: &ProviderTrace, call: &NormalizedCall) -> (&'static str, O
 
 /// Prefix reuse against the previous call of the trajectory: exact when this prompt extends the previous
 /// prompt plus its output turn; otherwise estimated from the bytes of the common message prefix.
-fn prefix_reuse(last: Option<&LastCall>, call: &NormalizedCall, sp_hash: Option<&str>, ids: CallIds) -> (u64, bool) {
+fn prefix_reuse(last: Option<&LastCall>, fps: &[u64], sp_hash: Option<&str>) -> (u64, bool) {
     let Some(last) = last else { return (0, false) };
     if last.system_hash.as_deref() != sp_hash {
         return (0, false);
     }
-    let fps: Vec<u64> = call.messages.iter().map(|m| fingerprint(m, ids)).collect();
     let common = fps.iter().zip(&last.fingerprints).take_while(|(a, b)| a == b).count();
     let prev_total = last.input_tokens + last.output_tokens;
     if common == last.fingerprints.len() && fps.len() > common {

@@ -138,6 +138,32 @@ pub struct Step {
     pub reasoning_tokens: Option<u64>,
 }
 
+impl TrajectorySummary {
+    /// A copy without `system_prompts` and `tool_definitions` (an update that leaves them as they are).
+    pub fn without_heavy_parts(&self) -> TrajectorySummary {
+        TrajectorySummary {
+            trajectory_id: self.trajectory_id.clone(),
+            session_id: self.session_id.clone(),
+            agent: self.agent.clone(),
+            models: self.models.clone(),
+            steps: self.steps,
+            llm_calls: self.llm_calls,
+            call_types: self.call_types.clone(),
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cache_read_tokens: self.cache_read_tokens,
+            started_at: self.started_at.clone(),
+            ended_at: self.ended_at.clone(),
+            parent_trajectory_id: self.parent_trajectory_id.clone(),
+            parent_step: self.parent_step,
+            continues: self.continues.clone(),
+            system_prompts: Default::default(),
+            tool_definitions: Vec::new(),
+            closed: self.closed,
+        }
+    }
+}
+
 /// A trajectory as `llmtap sessions` shows it; rewritten as steps arrive and at close.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrajectorySummary {

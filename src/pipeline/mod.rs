@@ -26,8 +26,10 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("llmtap-pipeline".into())
         .spawn(move || {
+            run_in_background();
             let mut deriver = Deriver::new(derive);
             let tick = Duration::from_secs(1);
+            let mut last_sweep = std::time::Instant::now();
             loop {
                 // Wake up at least once a second to close idle trajectories.
                 let next = rx.recv_timeout(tick);
@@ -45,7 +47,11 @@ pub fn spawn(
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
-                emit(&store, &metrics, deriver.close_idle(now));
+                // Idle closing walks every open trajectory: once a second, not once per call.
+                if last_sweep.elapsed() >= tick {
+                    last_sweep = std::time::Instant::now();
+                    emit(&store, &metrics, deriver.close_idle(now));
+                }
             }
             emit(&store, &metrics, deriver.close_all());
         })
@@ -57,5 +63,13 @@ fn emit(store: &StoreTx, metrics: &Metrics, records: Vec<Record>) {
             metrics.steps_derived.inc();
         }
         store.send(r);
+    }
+}
+
+/// Capture work must never take CPU from the data path: on a busy machine the pipeline and store threads yield
+/// (nice 19), fall behind, and the bounded capture queue drops and counts instead of slowing traffic.
+pub fn run_in_background() {
+    if let Err(error) = thread_priority::set_current_thread_priority(thread_priority::ThreadPriority::Min) {
+        tracing::debug!(?error, "Could not lower the priority of a background thread");
     }
 }

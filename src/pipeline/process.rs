@@ -55,10 +55,23 @@ fn json_or_text(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
 }
 
+/// The common case without copying: one uncompressed frame that is valid JSON.
+fn parse_in_place(c: &Captured) -> Option<Value> {
+    if c.header("content-encoding")
+        .is_some_and(|e| !e.eq_ignore_ascii_case("identity"))
+        || c.body.len() != 1
+    {
+        return None;
+    }
+    serde_json::from_slice(&c.body[0]).ok()
+}
+
 pub fn process(ex: RawExchange) -> Processed {
     let mut errors = Vec::new();
-    let request_text = decoded_text(&ex.request, &ex.id, &mut errors);
-    let request = json_or_text(&request_text);
+    let request = match parse_in_place(&ex.request) {
+        Some(v) => v,
+        None => json_or_text(&decoded_text(&ex.request, &ex.id, &mut errors)),
+    };
     let adapter = adapter_for(ex.api);
 
     let (response, raw_response, streamed) = match &ex.response {

@@ -147,11 +147,17 @@ impl Tap {
 pub struct TapBody<B> {
     inner: B,
     tap: Option<Tap>,
+    /// The inner body ended; the tap finishes (as complete) when hyper lets go of the body.
+    reached_end: bool,
 }
 
 impl<B: Body> TapBody<B> {
     pub fn new(inner: B, tap: Option<Tap>) -> TapBody<B> {
-        let mut body = TapBody { inner, tap };
+        let mut body = TapBody {
+            inner,
+            tap,
+            reached_end: false,
+        };
         // hyper never polls a body that is empty from the start; it has already ended.
         if body.inner.is_end_stream() {
             body.finish(End::Complete);
@@ -190,9 +196,10 @@ where
                     if let (Some(data), Some(tap)) = (frame.data_ref(), this.tap.as_mut()) {
                         tap.record(data);
                     }
-                    // hyper stops polling once the body reports its end; finish now, not on Drop.
+                    // hyper stops polling once the body reports its end and then drops it: remember that the end
+                    // was reached, and send the exchange on Drop, after the last frame is on its way.
                     if this.inner.is_end_stream() {
-                        this.finish(End::Complete);
+                        this.reached_end = true;
                     }
                 }
                 Some(Err(e)) => this.finish(End::Error(e.to_string())),
@@ -213,7 +220,8 @@ where
 
 impl<B> Drop for TapBody<B> {
     fn drop(&mut self) {
-        // Still unfinished: the consumer (client, or hyper's client for a request) let go before the end.
-        self.finish(End::Dropped);
+        // Unfinished and not at the end: the consumer (client, or hyper's client for a request) let go early.
+        let end = if self.reached_end { End::Complete } else { End::Dropped };
+        self.finish(end);
     }
 }

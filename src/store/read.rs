@@ -159,7 +159,8 @@ impl StoreReader {
     pub fn sessions(&self, filter: &TraceFilter) -> Result<Vec<SessionRow>, StoreError> {
         let (cond, params) = filter.condition();
         let sql = format!(
-            "SELECT trajectory_id, body FROM trajectories WHERE {cond} ORDER BY started_us, trajectory_id{}",
+            "SELECT trajectory_id, body, system_prompts, tool_definitions FROM trajectories
+             WHERE {cond} ORDER BY started_us, trajectory_id{}",
             filter.limit_clause()
         );
         let mut stmt = self.conn.prepare(&sql)?;

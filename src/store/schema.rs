@@ -57,12 +57,16 @@ CREATE TABLE IF NOT EXISTS steps (
 );
 CREATE INDEX IF NOT EXISTS steps_trajectory ON steps(trajectory_id, step_index);
 
+-- body: the summary without system_prompts/tool_definitions, which live in their own columns and are only
+-- rewritten when an update carries them.
 CREATE TABLE IF NOT EXISTS trajectories (
-    trajectory_id  TEXT PRIMARY KEY,
-    session_id     TEXT,
-    started_us     INTEGER NOT NULL,
-    ended_us       INTEGER NOT NULL,
-    body           TEXT NOT NULL
+    trajectory_id    TEXT PRIMARY KEY,
+    session_id       TEXT,
+    started_us       INTEGER NOT NULL,
+    ended_us         INTEGER NOT NULL,
+    body             TEXT NOT NULL,
+    system_prompts   TEXT,
+    tool_definitions TEXT
 );
 
 -- Per-sink export position (at-least-once delivery).

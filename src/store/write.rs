@@ -59,6 +59,7 @@ impl StoreWriter {
 }
 
 fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics: Arc<Metrics>) {
+    crate::pipeline::run_in_background();
     let mut last_retention = Instant::now();
     let mut batch = Vec::with_capacity(config.batch_size);
     while let Ok(first) = rx.recv() {
@@ -186,16 +187,18 @@ fn upsert_trajectory(tx: &rusqlite::Transaction<'_>, t: &TrajectorySummary) -> R
             .map(|t| t.timestamp_micros())
             .unwrap_or(0)
     };
+    let prompts = (!t.system_prompts.is_empty()).then(|| serde_json::to_string(&t.system_prompts).unwrap_or_default());
+    let tools =
+        (!t.tool_definitions.is_empty()).then(|| serde_json::to_string(&t.tool_definitions).unwrap_or_default());
+    let body = serde_json::to_string(&t.without_heavy_parts()).unwrap_or_default();
     tx.execute(
-        "INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body) VALUES (?1, ?2, ?3, ?4, ?5)
-         ON CONFLICT(trajectory_id) DO UPDATE SET session_id = excluded.session_id, ended_us = excluded.ended_us, body = excluded.body",
-        params![
-            t.trajectory_id,
-            t.session_id,
-            us(&t.started_at),
-            us(&t.ended_at),
-            serde_json::to_string(t).unwrap_or_default()
-        ],
+        "INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body, system_prompts, tool_definitions)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT(trajectory_id) DO UPDATE SET session_id = excluded.session_id, ended_us = excluded.ended_us,
+             body = excluded.body,
+             system_prompts = COALESCE(excluded.system_prompts, trajectories.system_prompts),
+             tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)",
+        params![t.trajectory_id, t.session_id, us(&t.started_at), us(&t.ended_at), body, prompts, tools],
     )?;
     Ok(())
 }

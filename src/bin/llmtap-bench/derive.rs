@@ -1,0 +1,168 @@
+//! Derivation throughput: decode + reassemble + normalize + derive on one thread, for synthetic agent sessions
+//! whose requests grow to ~20 messages; and latency from `try_send` to the step committed in SQLite.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::json;
+
+use llmtap::capture::{Api, CaptureTx, Captured, ExchangeMeta, Outcome, RawExchange, Timings};
+use llmtap::config::{DeriveConfig, StoreConfig};
+use llmtap::derive::Deriver;
+use llmtap::telemetry::Metrics;
+
+use super::stats::{Summary, fmt_rate};
+
+/// One OpenAI chat exchange at `turn` of session `session`: the request carries the system prompt, the user
+/// task, and `turn` assistant tool calls with their results (2 messages per turn): 20 messages at turn 9.
+pub fn exchange(session: usize, turn: usize, t: i64) -> RawExchange {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent. Use the tools to read, edit and test code. Be concise and careful."}),
+        json!({"role": "user", "content": format!("Session {session}: the parser test fails with an off-by-one error in parseToken; find and fix it, then run the tests.")}),
+    ];
+    for k in 0..turn {
+        let id = format!("call_{session}_{k}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/parser_{k}.ts\"}}")}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "export function parseToken(input: string): Token {\n  let i = 0;\n  while (i <= input.length) { i++; }\n  return { kind: 'ident', text: input.slice(0, i) };\n}\n".repeat(3)}));
+    }
+    let request = json!({"model": "gpt-4o", "messages": messages, "tools": [
+        {"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "run_tests", "description": "Run the test suite", "parameters": {"type": "object", "properties": {}}}}
+    ]});
+    let response = json!({"id": format!("chatcmpl-{session}-{turn}"), "object": "chat.completion", "created": 1, "model": "gpt-4o-2024-08-06",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": format!("call_{session}_{turn}"), "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/parser_{turn}.ts\"}}")}}]}}],
+        "usage": {"prompt_tokens": 500 + 150 * turn, "completion_tokens": 20, "prompt_tokens_details": {"cached_tokens": 400}}});
+    let req = Bytes::from(request.to_string());
+    let resp = Bytes::from(response.to_string());
+    RawExchange {
+        id: format!("bench-{session}-{turn}"),
+        upstream: Arc::from("openai"),
+        api: Api::OpenAiChat,
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        status: Some(200),
+        request: Captured {
+            headers: vec![("content-type".into(), "application/json".into())],
+            len: req.len() as u64,
+            body: vec![req],
+            truncated: false,
+            ended: true,
+        },
+        response: Some(Captured {
+            headers: vec![("content-type".into(), "application/json".into())],
+            len: resp.len() as u64,
+            body: vec![resp],
+            truncated: false,
+            ended: true,
+        }),
+        timings: Timings {
+            start: t,
+            first_byte: Some(t + 300_000),
+            end: t + 400_000,
+        },
+        outcome: Outcome::Complete,
+        error: None,
+        meta: ExchangeMeta::default(),
+    }
+}
+
+pub fn run(calls: usize) {
+    throughput(calls);
+    latency_to_store();
+}
+
+pub fn throughput(calls: usize) {
+    // Growing sessions: requests carry 2, 4, ..., 20 messages (mean 11).
+    measure("sessions from their first call (2..20 messages, mean 11)", calls, 0..10);
+    // Steady state of longer sessions: 12..30 messages per request, mean 21.
+    measure("steady state (12..30 messages, mean 21)", calls, 5..15);
+    // Worst case: every 20-message call starts a new trajectory (parent search, summary with tool definitions).
+    measure("every call a new 20-message root", calls, 9..10);
+}
+
+pub fn steady(calls: usize) {
+    measure("steady state (12..30 messages, mean 21)", calls, 5..15);
+}
+
+fn measure(label: &str, calls: usize, turns: std::ops::Range<usize>) {
+    let per_session = turns.len();
+    let sessions = calls.div_ceil(per_session);
+    let mut exchanges = Vec::with_capacity(sessions * per_session);
+    let mut t = llmtap::capture::now_micros();
+    for turn in turns {
+        for s in 0..sessions {
+            exchanges.push(exchange(s, turn, t));
+            t += 1000;
+        }
+    }
+    let n = exchanges.len();
+    let bytes: usize = exchanges.iter().map(|e| e.request.len as usize).sum();
+    let mut deriver = Deriver::new(DeriveConfig::default());
+    let mut per_call = Vec::with_capacity(n);
+    let start = Instant::now();
+    for ex in exchanges {
+        let t0 = Instant::now();
+        let _records = deriver.observe(llmtap::pipeline::process::process(ex));
+        per_call.push(t0.elapsed());
+    }
+    let elapsed = start.elapsed();
+    let s = Summary::of(&mut per_call);
+    println!(
+        "derive, {label}: {} calls/s on one thread ({n} calls, mean request {} B); per call p50 {} p99 {}",
+        fmt_rate(n as f64 / elapsed.as_secs_f64()),
+        bytes / n,
+        s.p50_us(),
+        s.p99_us()
+    );
+}
+
+/// From `CaptureTx::try_send` to the step committed in SQLite, one call at a time, through the real pipeline
+/// thread and store writer thread.
+fn latency_to_store() {
+    let dir = match tempfile_dir() {
+        Some(d) => d,
+        None => return,
+    };
+    let metrics = Arc::new(Metrics::default());
+    let Ok(conn) = llmtap::store::open(&dir) else { return };
+    let Ok((store_tx, store_thread)) = llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone())
+    else {
+        return;
+    };
+    let (tx, rx) = CaptureTx::channel(1024, metrics.clone());
+    let Ok(pipeline) = llmtap::pipeline::spawn(rx, store_tx, DeriveConfig::default(), metrics.clone()) else {
+        return;
+    };
+    let mut lat = Vec::new();
+    for i in 0..300 {
+        let before = metrics.stored.get();
+        let t0 = Instant::now();
+        tx.try_send(exchange(i, 9, llmtap::capture::now_micros()));
+        // A 20-message call in a new trajectory: trace + agent step + trajectory summary = 3 records.
+        while metrics.stored.get() < before + 3 {
+            if t0.elapsed() > Duration::from_secs(5) {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        lat.push(t0.elapsed());
+    }
+    drop(tx);
+    let _ = pipeline.join();
+    let _ = store_thread.join();
+    let s = Summary::of(&mut lat);
+    println!(
+        "  latency try_send -> step committed in SQLite (20-message call): p50 {} p99 {}",
+        s.p50_us(),
+        s.p99_us()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempfile_dir() -> Option<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("llmtap-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&d).ok()?;
+    Some(d)
+}

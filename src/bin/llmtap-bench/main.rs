@@ -1,0 +1,55 @@
+//! llmtap's benchmark: prints figures, asserts nothing. `scripts/bench.sh` builds it in release and runs it.
+//!
+//! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `derive` (normalize + derive
+//! throughput, latency to a stored step); `--smoke` runs a tiny configuration (CI checks it still runs).
+//! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts).
+#![allow(clippy::print_stdout)]
+
+mod derive;
+mod proxy;
+mod servers;
+mod stats;
+
+/// mimalloc: the proxy and the pipeline allocate many short-lived buffers; glibc malloc spent ~35% of the
+/// derivation benchmark in malloc/free, mimalloc cuts that substantially (see README, Benchmarks).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let mode = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .map(String::as_str)
+        .unwrap_or("all");
+    let calls = if smoke { 2_000 } else { 100_000 };
+    let scale = if smoke { &proxy::SMOKE } else { &proxy::FULL };
+    match mode {
+        "all" => {
+            proxy::run(scale);
+            derive::run(calls);
+        }
+        "proxy" => proxy::run(scale),
+        "upstream" => report(servers::upstream()),
+        "passthrough" => {
+            let port = args
+                .iter()
+                .filter(|a| !a.starts_with("--"))
+                .nth(1)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            report(servers::passthrough(port))
+        }
+        "derive" => derive::run(calls),
+        "derive-throughput" => derive::throughput(calls),
+        "derive-steady" => derive::steady(calls),
+        other => eprintln!("unknown mode {other:?}; modes: derive, derive-throughput, all"),
+    }
+}
+
+fn report(r: std::io::Result<()>) {
+    if let Err(e) = r {
+        eprintln!("llmtap-bench: {e}");
+    }
+}

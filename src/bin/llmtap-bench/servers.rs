@@ -1,0 +1,170 @@
+//! The processes the proxy benchmark talks to: a fast upstream, and a bare hyper passthrough proxy (the physical
+//! limit of one proxy hop on this machine). Each runs as a child process of the bench (`llmtap-bench upstream`,
+//! `llmtap-bench passthrough PORT`) and prints `listening on ADDR` as its first line.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Either, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+/// A ~2 KB non-streamed chat completion, shaped like the real thing.
+pub fn chat_completion_body() -> Bytes {
+    let content = "The quick brown fox jumps over the lazy dog. ".repeat(36);
+    Bytes::from(
+        serde_json::json!({
+            "id": "chatcmpl-bench", "object": "chat.completion", "created": 1754432618, "model": "gpt-4o-2024-08-06",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": 120, "completion_tokens": 400, "total_tokens": 520}
+        })
+        .to_string(),
+    )
+}
+
+pub fn chat_request_body() -> Bytes {
+    Bytes::from(
+        serde_json::json!({"model": "gpt-4o", "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Write a paragraph about foxes. ".repeat(20)}]})
+        .to_string(),
+    )
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+}
+
+type Body = Either<Full<Bytes>, StreamBody<tokio_stream_shim::Stream>>;
+
+fn with_type(body: Body, content_type: &'static str) -> Response<Body> {
+    let mut r = Response::new(body);
+    r.headers_mut()
+        .insert("content-type", http::HeaderValue::from_static(content_type));
+    r
+}
+
+/// Serves `POST .../chat/completions`: JSON by default; SSE when the request has `x-bench-stream: EVENTS,DELAY_MS`.
+pub fn upstream() -> std::io::Result<()> {
+    runtime()?.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("listening on {}", listener.local_addr()?);
+        let body = chat_completion_body();
+        loop {
+            let (stream, _) = listener.accept().await?;
+            let _ = stream.set_nodelay(true);
+            let body = body.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let body = body.clone();
+                    async move {
+                        let spec = req
+                            .headers()
+                            .get("x-bench-stream")
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_owned);
+                        // Read the request body fully, as a real server does.
+                        let _ = req.into_body().collect().await;
+                        let resp: Response<Body> = match spec.and_then(|s| {
+                            let (n, d) = s.split_once(',')?;
+                            Some((n.parse::<usize>().ok()?, d.parse::<u64>().ok()?))
+                        }) {
+                            Some((events, delay_ms)) => with_type(
+                                Either::Right(StreamBody::new(tokio_stream_shim::events(events, delay_ms))),
+                                "text/event-stream",
+                            ),
+                            None => with_type(Either::Left(Full::new(body)), "application/json"),
+                        };
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    })
+}
+
+/// The simplest correct proxy hop: hyper server → hyper-util pooled client, bodies streamed, no capture.
+pub fn passthrough(upstream_port: u16) -> std::io::Result<()> {
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("listening on {}", listener.local_addr()?);
+        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+        http.set_nodelay(true);
+        let client: Client<_, Incoming> = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(256)
+            .build(http);
+        loop {
+            let (stream, _) = listener.accept().await?;
+            let _ = stream.set_nodelay(true);
+            let client = client.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let client = client.clone();
+                    async move {
+                        let (mut parts, body) = req.into_parts();
+                        let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
+                        parts.uri = format!("http://127.0.0.1:{upstream_port}{pq}")
+                            .parse()
+                            .unwrap_or_default();
+                        parts.headers.remove("host");
+                        match client.request(Request::from_parts(parts, body)).await {
+                            Ok(resp) => Ok::<_, Infallible>(resp.map(Either::Left)),
+                            Err(_) => {
+                                let mut r = Response::new(Either::Right(Full::new(Bytes::new())));
+                                *r.status_mut() = http::StatusCode::BAD_GATEWAY;
+                                Ok(r)
+                            }
+                        }
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    })
+}
+
+/// A paced SSE body without pulling in a stream crate: an mpsc receiver fed by a task.
+pub mod tokio_stream_shim {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    pub struct Stream(tokio::sync::mpsc::Receiver<Bytes>);
+
+    impl futures_core::Stream for Stream {
+        type Item = Result<Frame<Bytes>, Infallible>;
+        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    pub fn events(n: usize, delay_ms: u64) -> Stream {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            for i in 0..n {
+                let ev = format!(
+                    "data: {{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"token{i} \"}}}}]}}\n\n"
+                );
+                if tx.send(Bytes::from(ev)).await.is_err() {
+                    return;
+                }
+                if delay_ms > 0 && i + 1 < n {
+                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                }
+            }
+            let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        });
+        Stream(rx)
+    }
+}

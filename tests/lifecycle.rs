@@ -1,0 +1,116 @@
+//! Trajectory lifecycle through the real binary: idle close with dangling calls, warmup calls, compaction.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+fn fixture(name: &str) -> Fixture {
+    all_fixtures().into_iter().find(|f| f.name == name).unwrap()
+}
+
+fn sessions(tap: &Llmtap) -> Vec<Value> {
+    tap.cli(&["sessions", "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_trajectories_close_and_dangling_calls_get_no_result() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, "[derive]\nidle_timeout_secs = 1\n"), dir.path());
+    let f = fixture("anthropic_messages/pydantic-ai__parallel_tool_use/00");
+    assert_eq!(send_fixture(&client(), &tap, &f, &[]).await.status, 200);
+    tap.wait_for_traces(1);
+    assert_eq!(sessions(&tap)[0]["closed"], false);
+    let mut closed = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if sessions(&tap)[0]["closed"] == true {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "trajectory not closed after the idle timeout");
+    let steps = tap.export("steps", &[]);
+    let agent = steps.iter().find(|s| s["role"] == "agent").unwrap();
+    let obs = agent["observations"].as_array().unwrap();
+    assert_eq!(obs.len(), 4);
+    assert!(obs.iter().all(|o| o["error"] == "no_result"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_calls_are_warmup() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let f = fixture("anthropic_messages/pydantic-ai__parallel_tool_use/00");
+    let mut body: Value = serde_json::from_slice(&f.request).unwrap();
+    body["max_tokens"] = json!(1);
+    let client = client();
+    let r = send(
+        &client,
+        "POST",
+        &tap.url(&f.client_path),
+        &[("x-replay-fixture", f.name.as_str())],
+        body.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // The same conversation with a real budget is a main call.
+    assert_eq!(send_fixture(&client, &tap, &f, &[]).await.status, 200);
+    tap.wait_for_traces(2);
+    let steps = tap.export("steps", &[]);
+    let agents: Vec<&Value> = steps.iter().filter(|s| s["role"] == "agent").collect();
+    let types: Vec<&str> = agents.iter().map(|s| s["call_type"].as_str().unwrap()).collect();
+    assert!(types.contains(&"warmup") && types.contains(&"main"), "{types:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_restart_is_linked_as_a_continuation() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let f = fixture("openai_chat/openllmetry__chat_basic_gzip");
+    let client = client();
+    let system = "You are a coding agent.";
+    let first = json!({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Fix the failing parser test."}]});
+    let summary = format!(
+        "This session is being continued from a previous conversation that ran out of context. The conversation is summarized below: {}",
+        "the user asked to fix the parser test; the agent found the off-by-one in parseToken and edited src/parser.ts. ".repeat(3)
+    );
+    let second = json!({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": summary}]});
+    let unrelated = json!({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": "You write titles."},
+        {"role": "user", "content": summary}]});
+    for body in [&first, &second, &unrelated] {
+        let r = send(
+            &client,
+            "POST",
+            &tap.url(&f.client_path),
+            &[("x-replay-fixture", f.name.as_str())],
+            body.to_string().into_bytes(),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let traces = tap.wait_for_traces(3);
+    let ids: Vec<&str> = traces.iter().map(|t| t["trajectory_id"].as_str().unwrap()).collect();
+    assert_ne!(ids[0], ids[1]);
+    let s = sessions(&tap);
+    let by_id = |id: &str| s.iter().find(|x| x["trajectory_id"] == id).unwrap().clone();
+    assert_eq!(by_id(ids[1])["continues"], ids[0]);
+    assert!(
+        by_id(ids[2]).get("continues").is_none(),
+        "a different system prompt is not a continuation"
+    );
+}
