@@ -62,6 +62,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     println!("llmtap listening on http://{local}");
     tracing::info!(listen = %local, data_dir = %config.data_dir.display(), upstreams = config.upstreams.len(), "Started");
 
+    let export_stop = CancellationToken::new();
+    let servers = Arc::new(crate::export::otlp::servers(&config));
+    let mut exporters = Vec::new();
+    for otlp in &config.otlp {
+        let ctx = crate::export::otlp::SinkContext {
+            config: otlp.clone(),
+            data_dir: config.data_dir.clone(),
+            resource: config.resource.clone(),
+            servers: servers.clone(),
+            metrics: metrics.clone(),
+        };
+        exporters.push(tokio::spawn(crate::export::otlp::run(ctx, export_stop.clone())));
+    }
+
     proxy.serve(listener, shutdown, SHUTDOWN_GRACE).await;
     // Every CaptureTx clone lives in the proxy and its in-flight bodies; both are gone now.
     let threads = tokio::task::spawn_blocking(move || {
@@ -71,6 +85,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         let _ = store_thread.join();
     });
     let _ = threads.await;
+    // Everything is in the store now; exporters drain it within their deadline.
+    export_stop.cancel();
+    for e in exporters {
+        let _ = tokio::time::timeout(crate::export::otlp::FLUSH_DEADLINE * 2, e).await;
+    }
     tracing::info!(
         captured = metrics.captured.get(),
         dropped = metrics.capture_dropped.get(),

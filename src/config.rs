@@ -69,6 +69,31 @@ pub struct RawConfig {
     pub derive: RawDerive,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
+    #[serde(default)]
+    pub export: RawExport,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawExport {
+    #[serde(default)]
+    pub otlp: Vec<RawOtlp>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOtlp {
+    pub name: Option<String>,
+    pub endpoint: Option<String>,
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub compression: Option<String>,
+    pub timeout_secs: Option<u64>,
+    pub capture_content: Option<bool>,
+    pub batch_size: Option<usize>,
+    pub retry_initial_ms: Option<u64>,
+    pub retry_max_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -112,6 +137,33 @@ pub struct Config {
     pub derive: DeriveConfig,
     /// Keyed by route name (the first path segment).
     pub upstreams: BTreeMap<String, UpstreamConfig>,
+    pub otlp: Vec<OtlpConfig>,
+    /// Resource attributes for exports (service.name and OTEL_RESOURCE_ATTRIBUTES).
+    pub resource: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    Grpc,
+    HttpProtobuf,
+    HttpJson,
+}
+
+#[derive(Debug, Clone)]
+pub struct OtlpConfig {
+    /// Names the destination's cursor in the store: keep it stable across restarts.
+    pub name: String,
+    /// For gRPC the server URL; for HTTP the full traces URL (…/v1/traces).
+    pub endpoint: String,
+    pub protocol: OtlpProtocol,
+    pub headers: Vec<(String, String)>,
+    pub gzip: bool,
+    pub timeout: Duration,
+    /// Put prompts, outputs, system instructions and tool definitions on spans (opt-in: they hold user data).
+    pub capture_content: bool,
+    pub batch_size: usize,
+    pub retry_initial: Duration,
+    pub retry_max: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -297,6 +349,44 @@ impl RawConfig {
             );
         }
 
+        let mut otlp = Vec::new();
+        let mut raw_otlp = self.export.otlp;
+        if raw_otlp.is_empty()
+            && env_var("OTEL_EXPORTER_OTLP_ENDPOINT")
+                .or(env_var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+                .is_some()
+        {
+            raw_otlp.push(RawOtlp {
+                name: Some("env".into()),
+                ..RawOtlp::default()
+            });
+        }
+        for (i, raw) in raw_otlp.into_iter().enumerate() {
+            otlp.push(otlp_config(i, raw)?);
+        }
+        let names: std::collections::BTreeSet<&str> = otlp.iter().map(|o| o.name.as_str()).collect();
+        if names.len() != otlp.len() {
+            return Err(invalid(
+                "export.otlp",
+                "destination names must be unique (they name the export cursors)",
+            ));
+        }
+        let mut resource = vec![(
+            "service.name".to_owned(),
+            env_var("OTEL_SERVICE_NAME").unwrap_or_else(|| "llmtap".to_owned()),
+        )];
+        resource.push(("service.version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()));
+        for pair in env_var("OTEL_RESOURCE_ATTRIBUTES").unwrap_or_default().split(',') {
+            if let Some((k, v)) = pair.split_once('=') {
+                let k = k.trim();
+                if k == "service.name" && env_var("OTEL_SERVICE_NAME").is_some() {
+                    continue;
+                }
+                resource.retain(|(rk, _)| rk != k);
+                resource.push((k.to_owned(), percent_decode_value(v.trim())));
+            }
+        }
+
         Ok(Config {
             listen,
             data_dir: self.data_dir.unwrap_or_else(default_data_dir),
@@ -304,8 +394,131 @@ impl RawConfig {
             store,
             derive,
             upstreams,
+            otlp,
+            resource,
         })
     }
+}
+
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn percent_decode_value(v: &str) -> String {
+    let bytes = v.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len() + 1
+            && let Some(b) = v.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One OTLP destination: file values win, then the standard OTEL_EXPORTER_OTLP_* variables, then defaults.
+fn otlp_config(i: usize, raw: RawOtlp) -> Result<OtlpConfig, ConfigError> {
+    let key = format!("export.otlp[{i}]");
+    let protocol_text = raw
+        .protocol
+        .or_else(|| env_var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
+        .or_else(|| env_var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_else(|| "http/protobuf".into());
+    let protocol = match protocol_text.as_str() {
+        "grpc" => OtlpProtocol::Grpc,
+        "http/protobuf" => OtlpProtocol::HttpProtobuf,
+        "http/json" => OtlpProtocol::HttpJson,
+        other => {
+            return Err(invalid(
+                format!("{key}.protocol"),
+                format!("{other:?}: use grpc, http/protobuf or http/json"),
+            ));
+        }
+    };
+    let endpoint = match (
+        raw.endpoint,
+        env_var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        env_var("OTEL_EXPORTER_OTLP_ENDPOINT"),
+    ) {
+        // A per-signal URL, or one given in the file, is used as is (HTTP: unless it lacks the path).
+        (Some(e), _, _) | (None, Some(e), _) => e,
+        (None, None, Some(base)) if protocol != OtlpProtocol::Grpc => {
+            format!("{}/v1/traces", base.trim_end_matches('/'))
+        }
+        (None, None, Some(base)) => base,
+        (None, None, None) if protocol == OtlpProtocol::Grpc => "http://localhost:4317".into(),
+        (None, None, None) => "http://localhost:4318/v1/traces".into(),
+    };
+    let endpoint = if protocol != OtlpProtocol::Grpc && !endpoint.trim_end_matches('/').ends_with("/v1/traces") {
+        let parsed: Option<http::Uri> = endpoint.parse().ok();
+        match parsed {
+            Some(u) if u.path() == "/" || u.path().is_empty() => {
+                format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+            }
+            _ => endpoint,
+        }
+    } else {
+        endpoint
+    };
+    endpoint
+        .parse::<http::Uri>()
+        .ok()
+        .filter(|u| u.scheme().is_some() && u.authority().is_some())
+        .ok_or_else(|| invalid(format!("{key}.endpoint"), format!("{endpoint:?} is not an http(s) URL")))?;
+    let mut headers: Vec<(String, String)> = env_var("OTEL_EXPORTER_OTLP_HEADERS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.trim().to_owned(), percent_decode_value(v.trim())))
+        })
+        .collect();
+    for (k, v) in raw.headers {
+        headers.retain(|(hk, _)| !hk.eq_ignore_ascii_case(&k));
+        headers.push((k, v));
+    }
+    let compression = raw
+        .compression
+        .or_else(|| env_var("OTEL_EXPORTER_OTLP_COMPRESSION"))
+        .unwrap_or_else(|| "gzip".into());
+    let gzip = match compression.as_str() {
+        "gzip" => true,
+        "none" => false,
+        other => {
+            return Err(invalid(
+                format!("{key}.compression"),
+                format!("{other:?}: use gzip or none"),
+            ));
+        }
+    };
+    let timeout = raw
+        .timeout_secs
+        .map(Duration::from_secs)
+        .or_else(|| {
+            env_var("OTEL_EXPORTER_OTLP_TIMEOUT")
+                .and_then(|ms| ms.parse().ok())
+                .map(Duration::from_millis)
+        })
+        .unwrap_or(Duration::from_secs(10));
+    Ok(OtlpConfig {
+        name: raw.name.unwrap_or_else(|| format!("otlp{i}")),
+        endpoint,
+        protocol,
+        headers,
+        gzip,
+        timeout,
+        capture_content: raw.capture_content.unwrap_or(false),
+        batch_size: raw.batch_size.unwrap_or(512).max(1),
+        retry_initial: Duration::from_millis(raw.retry_initial_ms.unwrap_or(1000)),
+        retry_max: Duration::from_millis(raw.retry_max_ms.unwrap_or(30_000)),
+    })
 }
 
 fn parse_upstream_url(key: &str, text: &str) -> Result<http::Uri, ConfigError> {

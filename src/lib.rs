@@ -22,5 +22,6 @@ pub mod model;
 pub mod pipeline;
 pub mod provider;
 pub mod proxy;
+pub mod semconv;
 pub mod store;
 pub mod telemetry;

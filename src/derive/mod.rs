@@ -392,9 +392,10 @@ impl Deriver {
         if s.agent.is_none() {
             s.agent = trace.meta.agent.clone();
         }
-        if let Some((pt, ps, _, _)) = &traj.parent {
+        if let Some((pt, ps, pc, _)) = &traj.parent {
             s.parent_trajectory_id = Some(pt.clone());
             s.parent_step = Some(*ps);
+            s.parent_tool_call_id = Some(pc.clone());
         }
         // System prompt texts and tool definitions are large and rarely change: send them only when they do
         // (the store keeps the last ones it was given).

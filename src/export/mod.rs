@@ -1,4 +1,6 @@
-//! File exports: JSON lines streamed from the store (one record in memory at a time).
+//! Exports: JSON lines streamed from the store (one record in memory at a time), and OTLP.
+
+pub mod otlp;
 
 use std::io::Write;
 

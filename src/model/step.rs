@@ -156,6 +156,7 @@ impl TrajectorySummary {
             ended_at: self.ended_at.clone(),
             parent_trajectory_id: self.parent_trajectory_id.clone(),
             parent_step: self.parent_step,
+            parent_tool_call_id: self.parent_tool_call_id.clone(),
             continues: self.continues.clone(),
             system_prompts: Default::default(),
             tool_definitions: Vec::new(),
@@ -185,6 +186,8 @@ pub struct TrajectorySummary {
     pub parent_trajectory_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_step: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_tool_call_id: Option<String>,
     /// Set when this trajectory continues another after context compaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continues: Option<String>,

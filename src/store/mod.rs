@@ -9,7 +9,7 @@ mod read;
 mod schema;
 mod write;
 
-pub use read::{SessionRow, StoreReader, TraceFilter};
+pub use read::{Cursor, SessionRow, StoreReader, TraceFilter};
 pub use write::{StoreTx, StoreWriter};
 
 use std::path::{Path, PathBuf};

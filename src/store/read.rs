@@ -178,6 +178,75 @@ impl StoreReader {
         Ok(out)
     }
 
+    pub fn trace(&self, id: &str) -> Result<Option<ProviderTrace>, StoreError> {
+        let sql = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome, t.error, t.streamed,
+                    t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
+                    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response
+             FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id WHERE t.id = ?1";
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let mut rows = stmt.query([id])?;
+        match rows.next()? {
+            Some(row) => Ok(Some(trace_from_row(row)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn step_where(&self, column: &str, value: &str) -> Result<Option<Step>, StoreError> {
+        let sql =
+            format!("SELECT step_id, body FROM steps WHERE {column} = ?1 AND role = 'agent' ORDER BY seq LIMIT 1");
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let mut rows = stmt.query([value])?;
+        match rows.next()? {
+            Some(row) => {
+                let id: String = row.get(0)?;
+                let body: String = row.get(1)?;
+                Ok(Some(serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+                    id,
+                    what: e.to_string(),
+                })?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The agent step derived from a provider trace.
+    pub fn step_for_trace(&self, trace_id: &str) -> Result<Option<Step>, StoreError> {
+        self.step_where("trace_id", trace_id)
+    }
+
+    pub fn step(&self, step_id: &str) -> Result<Option<Step>, StoreError> {
+        self.step_where("step_id", step_id)
+    }
+
+    pub fn trajectory(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
+        let f = TraceFilter {
+            session: Some(id.to_owned()),
+            ..TraceFilter::default()
+        };
+        Ok(self
+            .sessions(&f)?
+            .into_iter()
+            .map(|r| r.summary)
+            .find(|s| s.trajectory_id == id))
+    }
+
+    /// Export log entries after `after`, oldest first: (seq, kind, ref).
+    pub fn export_log(&self, after: i64, limit: usize) -> Result<Vec<(i64, String, String)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT seq, kind, ref FROM export_log WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
+        let rows = stmt.query_map(rusqlite::params![after, limit as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn export_head(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .conn
+            .query_row("SELECT COALESCE(MAX(seq), 0) FROM export_log", [], |r| r.get(0))?)
+    }
+
     pub fn count_traces(&self) -> Result<u64, StoreError> {
         Ok(self
             .conn
@@ -271,4 +340,42 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
     let n = conn.execute("DELETE FROM traces WHERE seq <= ?1", [cutoff])?;
     metrics.evicted.add(n as u64);
     Ok(())
+}
+
+/// A sink's export position, kept in the store so that a restart resumes where it stopped.
+pub struct Cursor {
+    conn: Connection,
+    sink: String,
+}
+
+impl Cursor {
+    pub fn open(data_dir: &Path, sink: &str) -> Result<Cursor, StoreError> {
+        let conn = super::open(data_dir)?;
+        Ok(Cursor {
+            conn,
+            sink: sink.to_owned(),
+        })
+    }
+
+    pub fn get(&self) -> Result<i64, StoreError> {
+        let v: Option<i64> = self
+            .conn
+            .query_row("SELECT seq FROM cursors WHERE sink = ?1", [&self.sink], |r| r.get(0))
+            .or_else(|e| {
+                if matches!(e, rusqlite::Error::QueryReturnedNoRows) {
+                    Ok(None)
+                } else {
+                    Err(e)
+                }
+            })?;
+        Ok(v.unwrap_or(0))
+    }
+
+    pub fn set(&self, seq: i64) -> Result<(), StoreError> {
+        self.conn.execute(
+            "INSERT INTO cursors (sink, seq) VALUES (?1, ?2) ON CONFLICT(sink) DO UPDATE SET seq = excluded.seq",
+            rusqlite::params![self.sink, seq],
+        )?;
+        Ok(())
+    }
 }

@@ -69,7 +69,15 @@ CREATE TABLE IF NOT EXISTS trajectories (
     tool_definitions TEXT
 );
 
--- Per-sink export position (at-least-once delivery).
+-- What remote sinks export, in order: 'chat' (an LLM call, ref = trace id, logged with its agent step),
+-- 'tools' (a step received tool results, ref = step id), 'agent' (a trajectory closed, ref = trajectory id).
+CREATE TABLE IF NOT EXISTS export_log (
+    seq   INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind  TEXT NOT NULL,
+    ref   TEXT NOT NULL
+);
+
+-- Per-sink export position in export_log (at-least-once delivery).
 CREATE TABLE IF NOT EXISTS cursors (
     sink  TEXT PRIMARY KEY,
     seq   INTEGER NOT NULL

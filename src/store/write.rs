@@ -151,7 +151,18 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
     Ok(())
 }
 
+fn log_export(tx: &rusqlite::Transaction<'_>, kind: &str, reference: &str) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO export_log (kind, ref) VALUES (?1, ?2)",
+        params![kind, reference],
+    )?;
+    Ok(())
+}
+
 fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreError> {
+    let exists: bool = tx
+        .prepare_cached("SELECT 1 FROM steps WHERE step_id = ?1")?
+        .exists([&s.step_id])?;
     let started_us = s
         .timings
         .as_ref()
@@ -178,6 +189,13 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreErro
             body
         ],
     )?;
+    // An agent step's first write is when its call's span can be built (trace row and step both present).
+    if !exists && let (crate::model::step::StepRole::Agent, Some(trace_id)) = (s.role, &s.provider_trace_id) {
+        log_export(tx, "chat", trace_id)?;
+    }
+    if exists && !s.observations.is_empty() {
+        log_export(tx, "tools", &s.step_id)?;
+    }
     Ok(())
 }
 
@@ -200,5 +218,8 @@ fn upsert_trajectory(tx: &rusqlite::Transaction<'_>, t: &TrajectorySummary) -> R
              tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)",
         params![t.trajectory_id, t.session_id, us(&t.started_at), us(&t.ended_at), body, prompts, tools],
     )?;
+    if t.closed {
+        log_export(tx, "agent", &t.trajectory_id)?;
+    }
     Ok(())
 }

@@ -1,0 +1,203 @@
+//! OTLP export: one worker per destination, each reading the store's export log behind its own persisted
+//! cursor (at-least-once: the cursor moves only after the receiver accepted the batch, or rejected it for
+//! good). A receiver that is down, or an llmtap restart, delays export and loses nothing.
+
+pub mod spans;
+pub mod transport;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, OtlpConfig};
+use crate::store::{Cursor, StoreError, StoreReader};
+use crate::telemetry::Metrics;
+use transport::{ExportError, Transport};
+
+/// After shutdown is requested, how long a worker keeps draining what is already stored.
+pub const FLUSH_DEADLINE: Duration = Duration::from_secs(5);
+const IDLE_POLL: Duration = Duration::from_millis(200);
+
+pub struct SinkContext {
+    pub config: OtlpConfig,
+    pub data_dir: PathBuf,
+    pub resource: Vec<(String, String)>,
+    pub servers: Arc<HashMap<String, (String, u16)>>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Upstream name → (host, port) for server.address/server.port.
+pub fn servers(config: &Config) -> HashMap<String, (String, u16)> {
+    config
+        .upstreams
+        .values()
+        .filter_map(|u| {
+            let host = u.url.host()?.to_owned();
+            let port = u
+                .url
+                .port_u16()
+                .unwrap_or(if u.url.scheme_str() == Some("http") { 80 } else { 443 });
+            Some((u.name.clone(), (host, port)))
+        })
+        .collect()
+}
+
+struct Batch {
+    last_seq: i64,
+    request: ExportTraceServiceRequest,
+    spans: usize,
+    head: i64,
+}
+
+/// Read the next batch after the cursor and build its spans (blocking: SQLite).
+fn next_batch(ctx: &SinkContext, reader: &StoreReader, after: i64) -> Result<Option<Batch>, StoreError> {
+    let entries = reader.export_log(after, ctx.config.batch_size)?;
+    let head = reader.export_head()?;
+    let Some(last) = entries.last().map(|e| e.0) else {
+        return Ok(None);
+    };
+    let mut builder = spans::SpanBuilder::new(reader, ctx.config.capture_content, &ctx.servers);
+    let mut all = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (_, kind, reference) in &entries {
+        for s in builder.spans_for(kind, reference)? {
+            // The same tool span can be logged twice (results arriving in two updates): send it once per batch.
+            if seen.insert((s.trace_id.clone(), s.span_id.clone())) {
+                all.push(s);
+            }
+        }
+    }
+    let spans = all.len();
+    Ok(Some(Batch {
+        last_seq: last,
+        request: ExportTraceServiceRequest {
+            resource_spans: vec![spans::resource_spans(&ctx.resource, all)],
+        },
+        spans,
+        head,
+    }))
+}
+
+/// Jittered exponential backoff: base * 2^attempt, capped, times a factor in [0.5, 1.0).
+fn backoff(cfg: &OtlpConfig, attempt: u32) -> Duration {
+    let base = cfg
+        .retry_initial
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(cfg.retry_max);
+    let jitter = (chrono::Utc::now().timestamp_subsec_nanos() % 1000) as f64 / 2000.0 + 0.5;
+    base.mul_f64(jitter)
+}
+
+pub async fn run(ctx: SinkContext, stop: CancellationToken) {
+    let name = ctx.config.name.clone();
+    let ctx = Arc::new(ctx);
+    let mut transport = match Transport::new(&ctx.config) {
+        Ok(t) => t,
+        Err(error) => {
+            tracing::error!(sink = %name, %error, "OTLP exporter disabled");
+            return;
+        }
+    };
+    let mut deadline: Option<Instant> = None;
+    let mut logged_failure = false;
+    loop {
+        if stop.is_cancelled() && deadline.is_none() {
+            deadline = Some(Instant::now() + FLUSH_DEADLINE);
+        }
+        if deadline.is_some_and(|d| Instant::now() > d) {
+            break;
+        }
+        let c = ctx.clone();
+        let built = tokio::task::spawn_blocking(move || -> Result<(Cursor, Option<Batch>), StoreError> {
+            let cursor = Cursor::open(&c.data_dir, &c.config.name)?;
+            let reader = StoreReader::open(&c.data_dir)?;
+            let batch = next_batch(&c, &reader, cursor.get()?)?;
+            Ok((cursor, batch))
+        })
+        .await;
+        let (cursor, batch) = match built {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => {
+                ctx.metrics.store_error(&e);
+                sleep_or_stop(&stop, IDLE_POLL, deadline).await;
+                continue;
+            }
+            Err(_) => break,
+        };
+        let Some(batch) = batch else {
+            ctx.metrics.export_lag.set(0);
+            if stop.is_cancelled() {
+                break;
+            }
+            sleep_or_stop(&stop, IDLE_POLL, deadline).await;
+            continue;
+        };
+        ctx.metrics
+            .export_lag
+            .set((batch.head - batch.last_seq).max(0) as u64 + batch.spans as u64);
+        let mut attempt = 0u32;
+        let advance = loop {
+            if batch.spans == 0 {
+                break true;
+            }
+            match transport.send(&ctx.config, batch.request.clone()).await {
+                Ok(acc) => {
+                    ctx.metrics
+                        .exported
+                        .add((batch.spans as i64 - acc.rejected).max(0) as u64);
+                    if acc.rejected > 0 {
+                        // A partial success is final: the spec forbids retrying it.
+                        ctx.metrics.export_failed.add(acc.rejected as u64);
+                        tracing::warn!(sink = %name, rejected = acc.rejected, message = %acc.message, "Receiver rejected some spans");
+                    }
+                    logged_failure = false;
+                    break true;
+                }
+                Err(ExportError::Retryable { message, retry_after }) => {
+                    ctx.metrics.export_retries.inc();
+                    if !logged_failure {
+                        tracing::warn!(sink = %name, error = %message, "OTLP export failed; retrying (spans stay in the store)");
+                        logged_failure = true;
+                    }
+                    let wait = retry_after
+                        .unwrap_or_else(|| backoff(&ctx.config, attempt))
+                        .max(Duration::from_millis(10));
+                    attempt += 1;
+                    if !sleep_or_stop(&stop, wait, deadline).await {
+                        break false;
+                    }
+                }
+                Err(e) => {
+                    ctx.metrics.export_failed.add(batch.spans as u64);
+                    tracing::error!(sink = %name, error = %e, spans = batch.spans, "OTLP export rejected; batch dropped");
+                    break true;
+                }
+            }
+        };
+        if !advance {
+            break;
+        }
+        let seq = batch.last_seq;
+        let saved = tokio::task::spawn_blocking(move || cursor.set(seq)).await;
+        if let Ok(Err(e)) = saved {
+            ctx.metrics.store_error(&e);
+        }
+    }
+}
+
+/// Sleep unless the flush deadline passes first; false when the deadline is over.
+async fn sleep_or_stop(stop: &CancellationToken, d: Duration, deadline: Option<Instant>) -> bool {
+    let d = match deadline {
+        Some(dl) => d.min(dl.saturating_duration_since(Instant::now())),
+        None => d,
+    };
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stop.cancelled(), if deadline.is_none() => {}
+    }
+    deadline.is_none_or(|dl| Instant::now() < dl)
+}

@@ -1,0 +1,47 @@
+//! Attribute names: OpenTelemetry GenAI semantic conventions v1.41.1, and llmtap's own under `llmtap.`.
+
+pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
+pub const GEN_AI_PROVIDER_NAME: &str = "gen_ai.provider.name";
+pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+pub const GEN_AI_REQUEST_MAX_TOKENS: &str = "gen_ai.request.max_tokens";
+pub const GEN_AI_REQUEST_STREAM: &str = "gen_ai.request.stream";
+pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
+pub const GEN_AI_RESPONSE_ID: &str = "gen_ai.response.id";
+pub const GEN_AI_RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
+pub const GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: &str = "gen_ai.response.time_to_first_chunk";
+pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+pub const GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
+pub const GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: &str = "gen_ai.usage.cache_creation.input_tokens";
+pub const GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: &str = "gen_ai.usage.reasoning.output_tokens";
+pub const GEN_AI_CONVERSATION_ID: &str = "gen_ai.conversation.id";
+pub const GEN_AI_AGENT_NAME: &str = "gen_ai.agent.name";
+pub const GEN_AI_TOOL_NAME: &str = "gen_ai.tool.name";
+pub const GEN_AI_TOOL_CALL_ID: &str = "gen_ai.tool.call.id";
+pub const GEN_AI_TOOL_TYPE: &str = "gen_ai.tool.type";
+pub const GEN_AI_TOOL_CALL_ARGUMENTS: &str = "gen_ai.tool.call.arguments";
+pub const GEN_AI_TOOL_CALL_RESULT: &str = "gen_ai.tool.call.result";
+pub const GEN_AI_SYSTEM_INSTRUCTIONS: &str = "gen_ai.system_instructions";
+pub const GEN_AI_INPUT_MESSAGES: &str = "gen_ai.input.messages";
+pub const GEN_AI_OUTPUT_MESSAGES: &str = "gen_ai.output.messages";
+pub const GEN_AI_TOOL_DEFINITIONS: &str = "gen_ai.tool.definitions";
+pub const SERVER_ADDRESS: &str = "server.address";
+pub const SERVER_PORT: &str = "server.port";
+pub const ERROR_TYPE: &str = "error.type";
+
+pub const OP_CHAT: &str = "chat";
+pub const OP_EXECUTE_TOOL: &str = "execute_tool";
+pub const OP_INVOKE_AGENT: &str = "invoke_agent";
+
+pub const LLMTAP_CALL_TYPE: &str = "llmtap.call_type";
+pub const LLMTAP_STEP_INDEX: &str = "llmtap.step_index";
+pub const LLMTAP_PREFIX_REUSE_TOKENS: &str = "llmtap.prefix_reuse_tokens";
+pub const LLMTAP_PREFIX_REUSE_ESTIMATED: &str = "llmtap.prefix_reuse_estimated";
+pub const LLMTAP_TRAJECTORY_ID: &str = "llmtap.trajectory_id";
+pub const LLMTAP_PROVIDER_TRACE_ID: &str = "llmtap.provider_trace_id";
+pub const LLMTAP_SESSION_ID: &str = "llmtap.session_id";
+pub const LLMTAP_AGENT_ROLE: &str = "llmtap.agent_role";
+pub const LLMTAP_OUTCOME: &str = "llmtap.outcome";
+pub const LLMTAP_TOOL_DURATION_ESTIMATED: &str = "llmtap.tool.duration_estimated";
+pub const LLMTAP_PARENT_TRAJECTORY_ID: &str = "llmtap.parent_trajectory_id";
+pub const LLMTAP_CONTINUES: &str = "llmtap.continues";

@@ -1,0 +1,464 @@
+//! OTLP export to real receivers: a tonic gRPC TraceService and a hyper OTLP/HTTP endpoint, in this process.
+//! Replayed fixture sessions must arrive as GenAI spans with the right tree and values; outages and restarts
+//! lose nothing; rejections are not retried.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use http_body_util::BodyExt;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AV;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Accept,
+    Invalid,
+    Partial,
+}
+
+#[derive(Clone)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<Span>>>,
+    resources: Arc<Mutex<Vec<Vec<(String, String)>>>>,
+    attempts: Arc<Mutex<usize>>,
+    mode: Mode,
+}
+
+impl Receiver {
+    fn new(mode: Mode) -> Receiver {
+        Receiver {
+            spans: Arc::default(),
+            resources: Arc::default(),
+            attempts: Arc::default(),
+            mode,
+        }
+    }
+
+    fn take(&self, req: ExportTraceServiceRequest) -> Result<ExportTraceServiceResponse, tonic::Status> {
+        *self.attempts.lock().unwrap() += 1;
+        match self.mode {
+            Mode::Invalid => return Err(tonic::Status::invalid_argument("bad data")),
+            Mode::Partial => {
+                return Ok(ExportTraceServiceResponse {
+                    partial_success: Some(ExportTracePartialSuccess {
+                        rejected_spans: 1,
+                        error_message: "one span too many".into(),
+                    }),
+                });
+            }
+            Mode::Accept => {}
+        }
+        for rs in req.resource_spans {
+            let attrs = rs
+                .resource
+                .map(|r| r.attributes.into_iter().map(|kv| (kv.key, str_of(&kv.value))).collect())
+                .unwrap_or_default();
+            self.resources.lock().unwrap().push(attrs);
+            for ss in rs.scope_spans {
+                self.spans.lock().unwrap().extend(ss.spans);
+            }
+        }
+        Ok(ExportTraceServiceResponse::default())
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        self.spans.lock().unwrap().clone()
+    }
+
+    async fn wait_for(&self, pred: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = self.spans();
+            if pred(&s) || Instant::now() > deadline {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.take(request.into_inner()).map(tonic::Response::new)
+    }
+}
+
+/// Serve gRPC on `addr` until the returned sender is dropped.
+async fn serve_grpc(r: Receiver, addr: SocketAddr) -> tokio::sync::oneshot::Sender<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let svc = TraceServiceServer::new(r).accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_shutdown(addr, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+    });
+    // Wait until it accepts connections.
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx
+}
+
+/// OTLP/HTTP: POST /v1/traces, protobuf or JSON, optionally gzip.
+async fn serve_http(r: Receiver) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let r = r.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let r = r.clone();
+                    async move {
+                        assert_eq!(req.uri().path(), "/v1/traces");
+                        let json = req.headers()["content-type"] == "application/json";
+                        let gz = req.headers().get("content-encoding").is_some_and(|v| v == "gzip");
+                        let mut body = req.into_body().collect().await.unwrap().to_bytes().to_vec();
+                        if gz {
+                            use std::io::Read;
+                            let mut out = Vec::new();
+                            flate2::read::GzDecoder::new(&body[..]).read_to_end(&mut out).unwrap();
+                            body = out;
+                        }
+                        let parsed: ExportTraceServiceRequest = if json {
+                            serde_json::from_slice(&body).unwrap()
+                        } else {
+                            ExportTraceServiceRequest::decode(&body[..]).unwrap()
+                        };
+                        let resp = r.take(parsed).unwrap();
+                        let body = if json {
+                            serde_json::to_vec(&resp).unwrap()
+                        } else {
+                            resp.encode_to_vec()
+                        };
+                        Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from(body),
+                        )))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn str_of(v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match v.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(AV::StringValue(s)) => s.clone(),
+        Some(AV::IntValue(i)) => i.to_string(),
+        Some(AV::BoolValue(b)) => b.to_string(),
+        Some(AV::DoubleValue(d)) => d.to_string(),
+        Some(AV::ArrayValue(a)) => a
+            .values
+            .iter()
+            .map(|x| str_of(&Some(x.clone())))
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => String::new(),
+    }
+}
+
+fn attr(s: &Span, key: &str) -> Option<String> {
+    s.attributes.iter().find(|kv| kv.key == key).map(|kv| str_of(&kv.value))
+}
+
+fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+fn otlp_config(up: &Upstream, endpoint: &str, protocol: &str, extra: &str) -> String {
+    upstream_config(
+        up,
+        &format!(
+            "[[export.otlp]]\nname = \"test\"\nendpoint = \"{endpoint}\"\nprotocol = \"{protocol}\"\nretry_initial_ms = 50\nretry_max_ms = 500\ntimeout_secs = 2\n{extra}"
+        ),
+    )
+}
+
+async fn replay(tap: &Llmtap, sessions: &[&str]) -> usize {
+    let client = client();
+    let mut n = 0;
+    for name in sessions {
+        for f in session(name) {
+            assert_eq!(send_fixture(&client, tap, &f, &[]).await.status, f.status, "{}", f.name);
+            n += 1;
+        }
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_receiver_gets_the_genai_span_tree() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let receiver = Receiver::new(Mode::Accept);
+    let addr = free_port();
+    let _server = serve_grpc(receiver.clone(), addr).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut tap = Llmtap::start(
+        &otlp_config(&up, &format!("http://{addr}"), "grpc", "capture_content = true\n"),
+        dir.path(),
+    );
+    let n = replay(
+        &tap,
+        &[
+            "pydantic-ai__anthropic_parallel_tools_agent",
+            "openllmetry__openai_agents_sdk_handoff_hierarchy",
+        ],
+    )
+    .await;
+    tap.wait_for_traces(n);
+    let steps = tap.export("steps", &[]);
+    let traces = tap.export("provider-traces", &[]);
+    // SIGTERM closes the open trajectories (invoke_agent spans) and flushes.
+    assert!(tap.terminate().success());
+
+    let spans = receiver.spans();
+    let by_op = |op: &str| {
+        spans
+            .iter()
+            .filter(|s| attr(s, "gen_ai.operation.name").as_deref() == Some(op))
+            .collect::<Vec<_>>()
+    };
+    let chats = by_op("chat");
+    let llm_traces: Vec<&serde_json::Value> = traces.iter().filter(|t| t["api"] != "other").collect();
+    assert_eq!(chats.len(), llm_traces.len());
+    for t in &llm_traces {
+        let id = llmtap::export::otlp::spans::chat_span_id(t["id"].as_str().unwrap());
+        let span = chats
+            .iter()
+            .find(|s| s.span_id == id)
+            .unwrap_or_else(|| panic!("no chat span for {}", t["id"]));
+        assert_eq!(span.kind, 3, "CLIENT");
+        let model = t["request"]["model"].as_str().unwrap();
+        assert_eq!(span.name, format!("chat {model}"));
+        assert_eq!(attr(span, "gen_ai.request.model").as_deref(), Some(model));
+        assert_eq!(attr(span, "server.address").as_deref(), Some("127.0.0.1"));
+        let usage = &t["usage"];
+        assert_eq!(
+            attr(span, "gen_ai.usage.input_tokens").unwrap(),
+            usage["input"].to_string()
+        );
+        assert_eq!(
+            attr(span, "gen_ai.usage.output_tokens").unwrap(),
+            usage["output"].to_string()
+        );
+        assert_eq!(
+            attr(span, "gen_ai.conversation.id").as_deref(),
+            t["trajectory_id"].as_str()
+        );
+        assert!(attr(span, "gen_ai.input.messages").unwrap().starts_with('['));
+        let provider = attr(span, "gen_ai.provider.name").unwrap();
+        assert_eq!(
+            provider,
+            if t["api"] == "anthropic.messages" {
+                "anthropic"
+            } else {
+                "openai"
+            }
+        );
+        assert_eq!(
+            span.end_time_unix_nano - span.start_time_unix_nano,
+            (t["timings"]["duration_ms"].as_f64().unwrap() * 1e6).round() as u64
+        );
+    }
+    // Anthropic recorded usage: input = input + cache_read + cache_creation.
+    let anth = llm_traces.iter().find(|t| t["api"] == "anthropic.messages").unwrap();
+    let raw = &anth["response"]["usage"];
+    let want = raw["input_tokens"].as_u64().unwrap()
+        + raw["cache_read_input_tokens"].as_u64().unwrap_or(0)
+        + raw["cache_creation_input_tokens"].as_u64().unwrap_or(0);
+    let span = chats
+        .iter()
+        .find(|s| s.span_id == llmtap::export::otlp::spans::chat_span_id(anth["id"].as_str().unwrap()))
+        .unwrap();
+    assert_eq!(attr(span, "gen_ai.usage.input_tokens").unwrap(), want.to_string());
+
+    // One invoke_agent per trajectory; every span of a trajectory shares its trace id and hangs under it.
+    let agents = by_op("invoke_agent");
+    let trajectories: HashSet<&str> = steps.iter().map(|s| s["trajectory_id"].as_str().unwrap()).collect();
+    assert_eq!(agents.len(), trajectories.len());
+    let agent_of: HashMap<Vec<u8>, &Span> = agents.iter().map(|s| (s.span_id.clone(), *s)).collect();
+    for s in chats.iter().chain(by_op("execute_tool").iter()) {
+        let parent = agent_of
+            .get(&s.parent_span_id)
+            .unwrap_or_else(|| panic!("{} has no invoke_agent parent", s.name));
+        assert_eq!(parent.trace_id, s.trace_id);
+    }
+    // Tool spans: one per linked observation.
+    let tools = by_op("execute_tool");
+    let linked: usize = steps
+        .iter()
+        .map(|s| {
+            s["observations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|o| o["error"].is_null())
+                .count()
+        })
+        .sum();
+    let unique: HashSet<&Vec<u8>> = tools.iter().map(|s| &s.span_id).collect();
+    assert!(
+        unique.len() >= linked,
+        "{} tool spans for {linked} results",
+        unique.len()
+    );
+    assert!(tools.iter().all(|s| s.name.starts_with("execute_tool ") && s.kind == 1));
+    // The handoff child's invoke_agent sits under the parent's execute_tool span, in the parent's trace.
+    let child = steps.iter().find(|s| s["call_type"] == "subagent").unwrap();
+    let child_agent = agents
+        .iter()
+        .find(|s| attr(s, "llmtap.trajectory_id").as_deref() == child["trajectory_id"].as_str())
+        .unwrap();
+    let parent_tool = llmtap::export::otlp::spans::tool_span_id(
+        child["parent_trajectory_id"].as_str().unwrap(),
+        child["parent_tool_call_id"].as_str().unwrap(),
+    );
+    assert_eq!(child_agent.parent_span_id, parent_tool);
+    let parent_agent = agents
+        .iter()
+        .find(|s| attr(s, "llmtap.trajectory_id").as_deref() == child["parent_trajectory_id"].as_str())
+        .unwrap();
+    assert_eq!(child_agent.trace_id, parent_agent.trace_id);
+    let res = receiver.resources.lock().unwrap();
+    assert!(
+        res.iter()
+            .all(|r| r.iter().any(|(k, v)| k == "service.name" && v == "llmtap"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_protobuf_and_json_receivers_get_spans() {
+    for protocol in ["http/protobuf", "http/json"] {
+        let up = Upstream::start(ReplayOptions::default()).await;
+        let receiver = Receiver::new(Mode::Accept);
+        let addr = serve_http(receiver.clone()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let tap = Llmtap::start(&otlp_config(&up, &format!("http://{addr}"), protocol, ""), dir.path());
+        let n = replay(&tap, &["pydantic-ai__gemini_tool_loop_5calls"]).await;
+        let spans = receiver
+            .wait_for(|s| s.iter().filter(|x| x.name.starts_with("chat ")).count() >= n)
+            .await;
+        let chats: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("chat ")).collect();
+        assert_eq!(chats.len(), n, "{protocol}");
+        assert!(
+            chats
+                .iter()
+                .all(|s| attr(s, "gen_ai.provider.name").as_deref() == Some("gcp.gemini"))
+        );
+        assert!(
+            chats
+                .iter()
+                .all(|s| attr(s, "gen_ai.usage.reasoning.output_tokens").is_some())
+        );
+        // Content capture is off by default.
+        assert!(chats.iter().all(|s| attr(s, "gen_ai.input.messages").is_none()));
+        let tools = receiver
+            .wait_for(|s| s.iter().filter(|x| x.name.starts_with("execute_tool")).count() >= 6)
+            .await;
+        assert!(
+            tools.iter().filter(|x| x.name.starts_with("execute_tool")).count() >= 6,
+            "{protocol}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_and_restart_lose_no_span() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let addr = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let config = otlp_config(&up, &format!("http://{addr}"), "grpc", "");
+    // The receiver is down while traffic flows.
+    let mut tap = Llmtap::start(&config, dir.path());
+    let n1 = replay(&tap, &["pydantic-ai__openai_chat_stream_agent_3calls"]).await;
+    tap.wait_for_traces(n1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tap.metric("llmtap_export_retries_total") == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        tap.metric("llmtap_export_retries_total") > 0,
+        "retries visible in the metrics"
+    );
+    assert_eq!(tap.metric("llmtap_exported_total"), 0);
+    // Restart llmtap while the receiver is still down; more traffic after the restart.
+    tap.terminate();
+    let tap = Llmtap::start(&config, dir.path());
+    let n2 = replay(&tap, &["pydantic-ai__anthropic_parallel_tools_agent"]).await;
+    let traces = tap.wait_for_traces(n1 + n2);
+    // The receiver comes back.
+    let receiver = Receiver::new(Mode::Accept);
+    let _server = serve_grpc(receiver.clone(), addr).await;
+    let want: HashSet<Vec<u8>> = traces
+        .iter()
+        .map(|t| llmtap::export::otlp::spans::chat_span_id(t["id"].as_str().unwrap()))
+        .collect();
+    let spans = receiver
+        .wait_for(|s| {
+            let got: HashSet<Vec<u8>> = s.iter().map(|x| x.span_id.clone()).collect();
+            want.is_subset(&got)
+        })
+        .await;
+    let got: HashSet<Vec<u8>> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .map(|x| x.span_id.clone())
+        .collect();
+    assert_eq!(got, want, "every chat span arrives, none invented");
+    // The first run's trajectory was closed at its shutdown: its invoke_agent span arrives too.
+    assert!(spans.iter().any(|s| s.name.starts_with("invoke_agent")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_and_partial_success_are_not_retried() {
+    for mode in [Mode::Invalid, Mode::Partial] {
+        let up = Upstream::start(ReplayOptions::default()).await;
+        let receiver = Receiver::new(mode);
+        let addr = free_port();
+        let _server = serve_grpc(receiver.clone(), addr).await;
+        let dir = tempfile::tempdir().unwrap();
+        let tap = Llmtap::start(&otlp_config(&up, &format!("http://{addr}"), "grpc", ""), dir.path());
+        let f = all_fixtures()
+            .into_iter()
+            .find(|f| f.name == "openai_chat/openllmetry__chat_basic_gzip")
+            .unwrap();
+        assert_eq!(send_fixture(&client(), &tap, &f, &[]).await.status, 200);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while *receiver.attempts.lock().unwrap() == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Give a retry every chance to happen (backoff is 50 ms here).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(*receiver.attempts.lock().unwrap(), 1, "sent once, never retried");
+        assert_eq!(tap.metric("llmtap_export_retries_total"), 0);
+        assert!(tap.metric("llmtap_export_failed_total") >= 1);
+    }
+}
