@@ -27,10 +27,12 @@ enum Mode {
     Partial,
 }
 
+type ResourceAttrs = Vec<(String, String)>;
+
 #[derive(Clone)]
 struct Receiver {
     spans: Arc<Mutex<Vec<Span>>>,
-    resources: Arc<Mutex<Vec<Vec<(String, String)>>>>,
+    resources: Arc<Mutex<Vec<ResourceAttrs>>>,
     attempts: Arc<Mutex<usize>>,
     mode: Mode,
 }
