@@ -40,10 +40,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     let (store_tx, store_thread) =
         StoreWriter::spawn(conn, config.store.clone(), metrics.clone()).map_err(AppError::Thread)?;
 
+    let live = crate::api::live_channel();
     let (capture_tx, pipeline_thread) = if config.capture.enabled {
         let (tx, rx) = CaptureTx::channel(config.capture.queue_capacity, metrics.clone());
-        let thread = crate::pipeline::spawn(rx, store_tx.clone(), config.derive.clone(), metrics.clone())
-            .map_err(AppError::Thread)?;
+        let thread = crate::pipeline::spawn(
+            rx,
+            store_tx.clone(),
+            config.derive.clone(),
+            metrics.clone(),
+            Some(live.clone()),
+        )
+        .map_err(AppError::Thread)?;
         (Some(tx), Some(thread))
     } else {
         (None, None)
@@ -60,6 +67,29 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     let local = listener.local_addr().unwrap_or(config.listen);
     // Machine-readable first line on stdout: tests and scripts read the bound port from it.
     println!("llmtap listening on http://{local}");
+    let api_stop = CancellationToken::new();
+    if let Some(addr) = config.api_listen {
+        let api_listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| AppError::Listen { addr, source })?;
+        let api_addr = api_listener.local_addr().unwrap_or(addr);
+        println!("llmtap api on http://{api_addr}");
+        let service = crate::api::pb::llm_tap_server::LlmTapServer::new(crate::api::ApiService {
+            data_dir: config.data_dir.clone(),
+            live: live.clone(),
+        });
+        let stop = api_stop.clone();
+        tokio::spawn(async move {
+            let incoming = crate::api::incoming(api_listener);
+            let served = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                .await;
+            if let Err(error) = served {
+                tracing::error!(%error, "gRPC API stopped");
+            }
+        });
+    }
     tracing::info!(listen = %local, data_dir = %config.data_dir.display(), upstreams = config.upstreams.len(), "Started");
 
     let export_stop = CancellationToken::new();
@@ -77,6 +107,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     }
 
     proxy.serve(listener, shutdown, SHUTDOWN_GRACE).await;
+    api_stop.cancel();
     // Every CaptureTx clone lives in the proxy and its in-flight bodies; both are gone now.
     let threads = tokio::task::spawn_blocking(move || {
         if let Some(t) = pipeline_thread {

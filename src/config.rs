@@ -71,6 +71,15 @@ pub struct RawConfig {
     pub upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
     pub export: RawExport,
+    #[serde(default)]
+    pub api: RawApi,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawApi {
+    /// HOST:PORT for llmtap's gRPC API, or "off".
+    pub listen: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -138,6 +147,8 @@ pub struct Config {
     /// Keyed by route name (the first path segment).
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub otlp: Vec<OtlpConfig>,
+    /// llmtap's own gRPC API; None when "off".
+    pub api_listen: Option<SocketAddr>,
     /// Resource attributes for exports (service.name and OTEL_RESOURCE_ATTRIBUTES).
     pub resource: Vec<(String, String)>,
 }
@@ -227,6 +238,7 @@ pub struct UpstreamConfig {
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:8788";
 
 /// The built-in upstreams: route `/<name>/...` to the provider's public API.
 pub fn builtin_upstreams() -> [(&'static str, &'static str, ApiFamily); 3] {
@@ -395,6 +407,13 @@ impl RawConfig {
             derive,
             upstreams,
             otlp,
+            api_listen: match self.api.listen.as_deref().unwrap_or(DEFAULT_API_LISTEN) {
+                "off" => None,
+                text => Some(
+                    text.parse()
+                        .map_err(|e| invalid("api.listen", format!("{text:?} is not HOST:PORT or \"off\" ({e})")))?,
+                ),
+            },
             resource,
         })
     }

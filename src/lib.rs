@@ -10,8 +10,10 @@
 //! - [`model`]: canonical types (calls, usage, traces, steps).
 //! - [`store`]: SQLite (WAL) writer thread and readers.
 //! - [`export`]: JSONL exports read from the store.
+//! - [`api`]: llmtap's own gRPC API (live subscription, queries).
 //! - [`config`], [`cli`], [`app`], [`telemetry`]: wiring and self-observability.
 
+pub mod api;
 pub mod app;
 pub mod capture;
 pub mod cli;

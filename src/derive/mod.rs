@@ -183,6 +183,8 @@ impl Deriver {
         // Observations: tool results anywhere after the last assistant turn answer earlier calls.
         let last_assistant = call.messages.iter().rposition(|m| m.role == Role::Assistant);
         let delta_start = last_assistant.map_or(0, |i| i + 1);
+        // Parallel results update the same step: re-emit each updated step once, in its final state.
+        let mut updated: Vec<Step> = Vec::new();
         for m in &call.messages[delta_start..] {
             for p in &m.parts {
                 if let Part::ToolResult {
@@ -194,10 +196,14 @@ impl Deriver {
                     && let Some(step) =
                         self.attach_observation(&traj_id, call_id, name.as_deref(), content, *is_error, now)
                 {
-                    out.push(Record::Step(Box::new(step)));
+                    match updated.iter_mut().find(|s| s.step_id == step.step_id) {
+                        Some(existing) => *existing = step,
+                        None => updated.push(step),
+                    }
                 }
             }
         }
+        out.extend(updated.into_iter().map(|s| Record::Step(Box::new(s))));
 
         let traj = self.trajectories.entry(traj_id.clone()).or_insert_with(|| Trajectory {
             summary: TrajectorySummary {

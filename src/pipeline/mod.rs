@@ -22,6 +22,7 @@ pub fn spawn(
     store: StoreTx,
     derive: DeriveConfig,
     metrics: Arc<Metrics>,
+    live: Option<crate::api::LiveTx>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("llmtap-pipeline".into())
@@ -42,7 +43,7 @@ pub fn spawn(
                         }
                         metrics.processed.inc();
                         let records = deriver.observe(processed);
-                        emit(&store, &metrics, records);
+                        emit(&store, &metrics, live.as_ref(), records);
                     }
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => break,
@@ -50,17 +51,24 @@ pub fn spawn(
                 // Idle closing walks every open trajectory: once a second, not once per call.
                 if last_sweep.elapsed() >= tick {
                     last_sweep = std::time::Instant::now();
-                    emit(&store, &metrics, deriver.close_idle(now));
+                    emit(&store, &metrics, live.as_ref(), deriver.close_idle(now));
                 }
             }
-            emit(&store, &metrics, deriver.close_all());
+            emit(&store, &metrics, live.as_ref(), deriver.close_all());
         })
 }
 
-fn emit(store: &StoreTx, metrics: &Metrics, records: Vec<Record>) {
+fn emit(store: &StoreTx, metrics: &Metrics, live: Option<&crate::api::LiveTx>, records: Vec<Record>) {
+    let live = live.filter(|l| l.receiver_count() > 0);
     for r in records {
-        if let Record::Step(_) = &r {
+        if let Record::Step(s) = &r {
             metrics.steps_derived.inc();
+            if let Some(l) = live {
+                let _ = l.send(crate::api::LiveEvent::Step(Arc::new((**s).clone())));
+            }
+        }
+        if let (Record::Trace(t), Some(l)) = (&r, live) {
+            let _ = l.send(crate::api::LiveEvent::Trace(Arc::new(crate::api::trace_summary(t))));
         }
         store.send(r);
     }

@@ -448,6 +448,8 @@ fn match_by_body(state: &ReplayState, path: &str, body: &[u8]) -> Option<Fixture
 pub struct Llmtap {
     child: Option<Child>,
     pub addr: SocketAddr,
+    /// llmtap's gRPC API, when enabled.
+    pub api_addr: Option<SocketAddr>,
     pub data_dir: PathBuf,
     pub config_path: PathBuf,
 }
@@ -472,6 +474,9 @@ pub fn upstream_config(up: &Upstream, extra: &str) -> String {
             "[upstreams.{name}]\nurl = \"{base}{prefix}\"\nca_file = \"{ca}\"\n"
         ));
     }
+    if !extra.contains("[api]") {
+        s.push_str("[api]\nlisten = \"127.0.0.1:0\"\n");
+    }
     s.push_str(extra);
     s
 }
@@ -495,15 +500,30 @@ impl Llmtap {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
+            let mut reader = BufReader::new(stdout);
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let _ = tx.send(line);
+            }
         });
         let line = rx.recv_timeout(Duration::from_secs(20)).expect("llmtap did not start");
         let addr = line.trim().rsplit("http://").next().unwrap().parse().expect(&line);
+        let api_addr = if config.contains("[api]\nlisten = \"off\"") {
+            None
+        } else {
+            rx.recv_timeout(Duration::from_secs(5)).ok().and_then(|l| {
+                l.trim()
+                    .strip_prefix("llmtap api on http://")
+                    .and_then(|a| a.parse().ok())
+            })
+        };
         Llmtap {
             child: Some(child),
             addr,
+            api_addr,
             data_dir: data_dir.to_owned(),
             config_path,
         }

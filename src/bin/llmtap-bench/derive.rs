@@ -132,7 +132,7 @@ fn latency_to_store() {
         return;
     };
     let (tx, rx) = CaptureTx::channel(1024, metrics.clone());
-    let Ok(pipeline) = llmtap::pipeline::spawn(rx, store_tx, DeriveConfig::default(), metrics.clone()) else {
+    let Ok(pipeline) = llmtap::pipeline::spawn(rx, store_tx, DeriveConfig::default(), metrics.clone(), None) else {
         return;
     };
     let mut lat = Vec::new();

@@ -110,7 +110,9 @@ fn start_llmtap(upstream: SocketAddr, capture: bool, data_dir: &std::path::Path)
     let _ = std::fs::create_dir_all(data_dir);
     let _ = std::fs::write(
         &config,
-        format!("[capture]\nenabled = {capture}\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n"),
+        format!(
+            "[capture]\nenabled = {capture}\n[api]\nlisten = \"off\"\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n"
+        ),
     );
     let mut cmd = Command::new(exe_dir().join("llmtap"));
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])

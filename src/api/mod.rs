@@ -1,0 +1,228 @@
+//! llmtap's own gRPC API (`proto/llmtap/v1/llmtap.proto`): a live subscription to steps and provider traces,
+//! and queries over the store. Served by tonic on its own loopback port (`[api] listen`).
+//!
+//! Live events come from the pipeline thread through a broadcast channel: sending costs nothing when nobody
+//! listens, and a slow subscriber skips events (it is told how many) instead of holding the pipeline back.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::sync::{broadcast, mpsc};
+use tonic::{Request, Response, Status};
+
+use crate::model::step::{Step, TrajectorySummary};
+use crate::model::trace::ProviderTrace;
+use crate::store::{StoreReader, TraceFilter};
+
+#[allow(clippy::all, clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("llmtap.v1");
+}
+
+/// What the pipeline publishes.
+#[derive(Debug, Clone)]
+pub enum LiveEvent {
+    Step(Arc<Step>),
+    Trace(Arc<pb::TraceSummary>),
+}
+
+pub type LiveTx = broadcast::Sender<LiveEvent>;
+
+pub fn live_channel() -> LiveTx {
+    broadcast::channel(4096).0
+}
+
+pub fn trace_summary(t: &ProviderTrace) -> pb::TraceSummary {
+    pb::TraceSummary {
+        id: t.id.clone(),
+        trajectory_id: t.trajectory_id.clone().unwrap_or_default(),
+        session_id: t.meta.session.clone().unwrap_or_default(),
+        agent: t.meta.agent.clone().unwrap_or_default(),
+        upstream: t.upstream.clone(),
+        api: t.api.as_str().to_owned(),
+        model: t.model.clone().unwrap_or_default(),
+        status: t.status.unwrap_or(0) as u32,
+        outcome: t.outcome.as_str().to_owned(),
+        duration_ms: (t.timings.end - t.timings.start) as f64 / 1000.0,
+        streamed: t.streamed,
+    }
+}
+
+pub fn step_message(s: &Step) -> pb::Step {
+    pb::Step {
+        step_id: s.step_id.clone(),
+        trajectory_id: s.trajectory_id.clone(),
+        session_id: s.session_id.clone().unwrap_or_default(),
+        agent: s.agent.clone().unwrap_or_default(),
+        step_index: s.step_index,
+        role: serde_json::to_value(s.role)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default(),
+        call_type: s.call_type.map(|c| c.as_str().to_owned()).unwrap_or_default(),
+        model: s.model.clone().unwrap_or_default(),
+        content: s.content.clone().unwrap_or_default(),
+        tool_calls: s.tool_calls.len() as u32,
+        observations: s.observations.len() as u32,
+        input_tokens: s.token_usage.input_tokens,
+        output_tokens: s.token_usage.output_tokens,
+        status: s.status.clone(),
+        json: serde_json::to_string(s).unwrap_or_default(),
+    }
+}
+
+fn session_message(t: TrajectorySummary) -> pb::Session {
+    pb::Session {
+        trajectory_id: t.trajectory_id,
+        session_id: t.session_id.unwrap_or_default(),
+        agent: t.agent.unwrap_or_default(),
+        models: t.models,
+        steps: t.steps,
+        llm_calls: t.llm_calls,
+        call_types: t.call_types,
+        input_tokens: t.input_tokens,
+        output_tokens: t.output_tokens,
+        started_at: t.started_at,
+        ended_at: t.ended_at,
+        parent_trajectory_id: t.parent_trajectory_id.unwrap_or_default(),
+        closed: t.closed,
+    }
+}
+
+pub struct ApiService {
+    pub data_dir: PathBuf,
+    pub live: LiveTx,
+}
+
+/// A stream of events fed by a forwarding task.
+pub struct EventStream(mpsc::Receiver<Result<pb::Event, Status>>);
+
+impl futures_core::Stream for EventStream {
+    type Item = Result<pb::Event, Status>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+fn matches(filter: &pb::SubscribeRequest, session: Option<&str>, trajectory: &str, agent: Option<&str>) -> bool {
+    (filter.session.is_empty() || session == Some(filter.session.as_str()) || trajectory == filter.session)
+        && (filter.agent.is_empty() || agent == Some(filter.agent.as_str()))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| Status::internal(e.to_string()))
+}
+
+#[tonic::async_trait]
+impl pb::llm_tap_server::LlmTap for ApiService {
+    type SubscribeStream = EventStream;
+
+    async fn subscribe(&self, request: Request<pb::SubscribeRequest>) -> Result<Response<EventStream>, Status> {
+        let filter = request.into_inner();
+        let (want_steps, want_traces) = match (filter.steps, filter.traces) {
+            (false, false) => (true, true),
+            other => other,
+        };
+        let mut rx = self.live.subscribe();
+        let (tx, out) = mpsc::channel(256);
+        tokio::spawn(async move {
+            loop {
+                let event = match rx.recv().await {
+                    Ok(e) => e,
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx
+                            .send(Err(Status::data_loss(format!(
+                                "subscriber too slow: {n} events skipped"
+                            ))))
+                            .await;
+                        continue;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let msg = match event {
+                    LiveEvent::Step(s) if want_steps => {
+                        if !matches(&filter, s.session_id.as_deref(), &s.trajectory_id, s.agent.as_deref()) {
+                            continue;
+                        }
+                        pb::event::Kind::Step(step_message(&s))
+                    }
+                    LiveEvent::Trace(t) if want_traces => {
+                        let session = (!t.session_id.is_empty()).then_some(t.session_id.as_str());
+                        let agent = (!t.agent.is_empty()).then_some(t.agent.as_str());
+                        if !matches(&filter, session, &t.trajectory_id, agent) {
+                            continue;
+                        }
+                        pb::event::Kind::Trace((*t).clone())
+                    }
+                    _ => continue,
+                };
+                if tx.send(Ok(pb::Event { kind: Some(msg) })).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(EventStream(out)))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let req = request.into_inner();
+        let dir = self.data_dir.clone();
+        let rows = blocking(move || {
+            let reader = StoreReader::open(&dir)?;
+            reader.sessions(&TraceFilter {
+                session: (!req.session.is_empty()).then_some(req.session),
+                limit: (req.limit > 0).then_some(req.limit as u64),
+                ..TraceFilter::default()
+            })
+        })
+        .await?;
+        Ok(Response::new(pb::ListSessionsResponse {
+            sessions: rows.into_iter().map(|r| session_message(r.summary)).collect(),
+        }))
+    }
+
+    async fn get_session_steps(
+        &self,
+        request: Request<pb::GetSessionStepsRequest>,
+    ) -> Result<Response<pb::GetSessionStepsResponse>, Status> {
+        let req = request.into_inner();
+        if req.session.is_empty() {
+            return Err(Status::invalid_argument("session is required"));
+        }
+        let dir = self.data_dir.clone();
+        let steps = blocking(move || {
+            StoreReader::open(&dir)?.steps(&TraceFilter {
+                session: Some(req.session),
+                ..TraceFilter::default()
+            })
+        })
+        .await?;
+        Ok(Response::new(pb::GetSessionStepsResponse {
+            steps: steps.iter().map(step_message).collect(),
+        }))
+    }
+}
+
+/// Accepted connections as the stream tonic's server wants.
+pub fn incoming(listener: tokio::net::TcpListener) -> Incoming {
+    Incoming(listener)
+}
+
+pub struct Incoming(tokio::net::TcpListener);
+
+impl futures_core::Stream for Incoming {
+    type Item = std::io::Result<tokio::net::TcpStream>;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_accept(cx).map(|r| Some(r.map(|(s, _)| s)))
+    }
+}
