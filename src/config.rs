@@ -103,6 +103,7 @@ pub struct RawOtlp {
     pub batch_size: Option<usize>,
     pub retry_initial_ms: Option<u64>,
     pub retry_max_ms: Option<u64>,
+    pub metrics: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -175,6 +176,8 @@ pub struct OtlpConfig {
     pub batch_size: usize,
     pub retry_initial: Duration,
     pub retry_max: Duration,
+    /// Also send the GenAI client metrics (token usage, operation duration, time to first chunk).
+    pub metrics: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -537,6 +540,7 @@ fn otlp_config(i: usize, raw: RawOtlp) -> Result<OtlpConfig, ConfigError> {
         batch_size: raw.batch_size.unwrap_or(512).max(1),
         retry_initial: Duration::from_millis(raw.retry_initial_ms.unwrap_or(1000)),
         retry_max: Duration::from_millis(raw.retry_max_ms.unwrap_or(30_000)),
+        metrics: raw.metrics.unwrap_or(true),
     })
 }
 

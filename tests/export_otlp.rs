@@ -12,11 +12,16 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use http_body_util::BodyExt;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AV;
+use opentelemetry_proto::tonic::metrics::v1::{Metric, metric};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 
@@ -34,6 +39,7 @@ struct Receiver {
     spans: Arc<Mutex<Vec<Span>>>,
     resources: Arc<Mutex<Vec<ResourceAttrs>>>,
     attempts: Arc<Mutex<usize>>,
+    metrics: Arc<Mutex<Vec<Metric>>>,
     mode: Mode,
 }
 
@@ -43,6 +49,7 @@ impl Receiver {
             spans: Arc::default(),
             resources: Arc::default(),
             attempts: Arc::default(),
+            metrics: Arc::default(),
             mode,
         }
     }
@@ -74,6 +81,32 @@ impl Receiver {
         Ok(ExportTraceServiceResponse::default())
     }
 
+    fn take_metrics(&self, req: ExportMetricsServiceRequest) {
+        for rm in req.resource_metrics {
+            for sm in rm.scope_metrics {
+                self.metrics.lock().unwrap().extend(sm.metrics);
+            }
+        }
+    }
+
+    /// (sum, count) of a histogram over every data point whose attributes include `with`.
+    fn histogram(&self, name: &str, with: Option<(&str, &str)>) -> (f64, u64) {
+        let mut out = (0.0, 0);
+        for m in self.metrics.lock().unwrap().iter().filter(|m| m.name == name) {
+            if let Some(metric::Data::Histogram(h)) = &m.data {
+                for p in &h.data_points {
+                    let ok =
+                        with.is_none_or(|(k, v)| p.attributes.iter().any(|kv| kv.key == k && str_of(&kv.value) == v));
+                    if ok {
+                        out.0 += p.sum.unwrap_or(0.0);
+                        out.1 += p.count;
+                    }
+                }
+            }
+        }
+        out
+    }
+
     fn spans(&self) -> Vec<Span> {
         self.spans.lock().unwrap().clone()
     }
@@ -100,13 +133,26 @@ impl TraceService for Receiver {
     }
 }
 
+#[tonic::async_trait]
+impl MetricsService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.take_metrics(request.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+    }
+}
+
 /// Serve gRPC on `addr` until the returned sender is dropped.
 async fn serve_grpc(r: Receiver, addr: SocketAddr) -> tokio::sync::oneshot::Sender<()> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let svc = TraceServiceServer::new(r).accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let svc = TraceServiceServer::new(r.clone()).accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let msvc = MetricsServiceServer::new(r).accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(svc)
+            .add_service(msvc)
             .serve_with_shutdown(addr, async {
                 let _ = rx.await;
             })
@@ -135,7 +181,8 @@ async fn serve_http(r: Receiver) -> SocketAddr {
                 let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let r = r.clone();
                     async move {
-                        assert_eq!(req.uri().path(), "/v1/traces");
+                        let path = req.uri().path().to_owned();
+                        assert!(path == "/v1/traces" || path == "/v1/metrics", "{path}");
                         let json = req.headers()["content-type"] == "application/json";
                         let gz = req.headers().get("content-encoding").is_some_and(|v| v == "gzip");
                         let mut body = req.into_body().collect().await.unwrap().to_bytes().to_vec();
@@ -144,6 +191,23 @@ async fn serve_http(r: Receiver) -> SocketAddr {
                             let mut out = Vec::new();
                             flate2::read::GzDecoder::new(&body[..]).read_to_end(&mut out).unwrap();
                             body = out;
+                        }
+                        if path == "/v1/metrics" {
+                            let m: ExportMetricsServiceRequest = if json {
+                                serde_json::from_slice(&body).unwrap()
+                            } else {
+                                ExportMetricsServiceRequest::decode(&body[..]).unwrap()
+                            };
+                            r.take_metrics(m);
+                            let resp = ExportMetricsServiceResponse::default();
+                            let body = if json {
+                                serde_json::to_vec(&resp).unwrap()
+                            } else {
+                                resp.encode_to_vec()
+                            };
+                            return Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                                bytes::Bytes::from(body),
+                            )));
                         }
                         let parsed: ExportTraceServiceRequest = if json {
                             serde_json::from_slice(&body).unwrap()
@@ -435,6 +499,33 @@ async fn outage_and_restart_lose_no_span() {
         .map(|x| x.span_id.clone())
         .collect();
     assert_eq!(got, want, "every chat span arrives, none invented");
+    // Tool spans for every linked result, and nothing dropped along the way.
+    let steps = tap.export("steps", &[]);
+    let tools: HashSet<Vec<u8>> = steps
+        .iter()
+        .flat_map(|s| {
+            let traj = s["trajectory_id"].as_str().unwrap().to_owned();
+            s["observations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |o| llmtap::export::otlp::spans::tool_span_id(&traj, o["source_call_id"].as_str().unwrap()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(!tools.is_empty());
+    let spans = receiver
+        .wait_for(|s| tools.iter().all(|t| s.iter().any(|x| &x.span_id == t)))
+        .await;
+    assert!(
+        tools.iter().all(|t| spans.iter().any(|x| &x.span_id == t)),
+        "every tool span arrives"
+    );
+    assert_eq!(
+        tap.metric("llmtap_export_failed_total"),
+        0,
+        "nothing dropped during the outage"
+    );
     // The first run's trajectory was closed at its shutdown: its invoke_agent span arrives too.
     assert!(spans.iter().any(|s| s.name.starts_with("invoke_agent")));
 }
@@ -463,4 +554,48 @@ async fn rejections_and_partial_success_are_not_retried() {
         assert_eq!(tap.metric("llmtap_export_retries_total"), 0);
         assert!(tap.metric("llmtap_export_failed_total") >= 1);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_otel_variables_and_an_incoming_traceparent_are_honoured() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let receiver = Receiver::new(Mode::Accept);
+    let addr = serve_http(receiver.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = format!("http://{addr}");
+    let tap = Llmtap::start_with_env(
+        &upstream_config(&up, ""),
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=acme"),
+            ("OTEL_SERVICE_NAME", "my-agent"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test,team=ml%20ops"),
+        ],
+    );
+    let f = all_fixtures()
+        .into_iter()
+        .find(|f| f.name == "openai_chat/openllmetry__chat_basic_gzip")
+        .unwrap();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    assert_eq!(
+        send_fixture(&client(), &tap, &f, &[("traceparent", tp)]).await.status,
+        200
+    );
+    // The agent's own trace context is forwarded to the provider untouched.
+    assert_eq!(up.received()[0].headers["traceparent"], tp);
+    let spans = receiver.wait_for(|s| !s.is_empty()).await;
+    let chat = spans.iter().find(|s| s.name.starts_with("chat ")).expect("chat span");
+    assert_eq!(hex(&chat.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(hex(&chat.parent_span_id), "00f067aa0ba902b7");
+    let res = receiver.resources.lock().unwrap();
+    let r = &res[0];
+    assert!(r.contains(&("service.name".into(), "my-agent".into())));
+    assert!(r.contains(&("deployment.environment".into(), "test".into())));
+    assert!(r.contains(&("team".into(), "ml ops".into())));
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -114,3 +114,56 @@ async fn a_summary_restart_is_linked_as_a_continuation() {
         "a different system prompt is not a continuation"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_streams_finish_and_keeps_their_traces() {
+    use http_body_util::BodyExt;
+    let up = Upstream::start(ReplayOptions {
+        event_delay: Duration::from_millis(50),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let req = http::Request::post(tap.url("/openai/v1/chat/completions"))
+        .header("x-replay-scenario", "slow-stream")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"count"}]}"#,
+        )))
+        .unwrap();
+    let c = client();
+    let resp = c.request(req).await.unwrap();
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert!(first.starts_with(b"data: "));
+    // Shut down while the stream is in flight (it has ~2 s to go).
+    let pid = tap.pid();
+    std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    let rest = body.collect().await.expect("stream completes after SIGTERM").to_bytes();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.contains("tok39") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    let status = tap.terminate();
+    assert!(status.success());
+    // New connections are refused once shutdown started; the finished exchange is in the store.
+    let out = std::process::Command::new(bin())
+        .args(["export", "--format", "provider-traces", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let traces: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(traces.len(), 1);
+    assert_eq!(traces[0]["outcome"], "complete");
+    assert!(
+        traces[0]["response"]["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("tok39")
+    );
+}

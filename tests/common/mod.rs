@@ -484,6 +484,10 @@ pub fn upstream_config(up: &Upstream, extra: &str) -> String {
 impl Llmtap {
     /// Start `llmtap serve` on a free loopback port with `config` (TOML) and `data_dir`.
     pub fn start(config: &str, data_dir: &Path) -> Llmtap {
+        Self::start_with_env(config, data_dir, &[])
+    }
+
+    pub fn start_with_env(config: &str, data_dir: &Path, env: &[(&str, &str)]) -> Llmtap {
         std::fs::create_dir_all(data_dir).unwrap();
         let config_path = data_dir.join("llmtap-test.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -493,6 +497,7 @@ impl Llmtap {
             .arg("--data-dir")
             .arg(data_dir)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -2,6 +2,7 @@
 //! cursor (at-least-once: the cursor moves only after the receiver accepted the batch, or rejected it for
 //! good). A receiver that is down, or an llmtap restart, delays export and loses nothing.
 
+pub mod metrics;
 pub mod spans;
 pub mod transport;
 
@@ -49,6 +50,7 @@ pub fn servers(config: &Config) -> HashMap<String, (String, u16)> {
 struct Batch {
     last_seq: i64,
     request: ExportTraceServiceRequest,
+    metrics: Option<opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest>,
     spans: usize,
     head: i64,
 }
@@ -72,8 +74,14 @@ fn next_batch(ctx: &SinkContext, reader: &StoreReader, after: i64) -> Result<Opt
         }
     }
     let spans = all.len();
+    let metrics = if ctx.config.metrics {
+        metrics::from_spans(&ctx.resource, &all)
+    } else {
+        None
+    };
     Ok(Some(Batch {
         last_seq: last,
+        metrics,
         request: ExportTraceServiceRequest {
             resource_spans: vec![spans::resource_spans(&ctx.resource, all)],
         },
@@ -140,9 +148,29 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             .export_lag
             .set((batch.head - batch.last_seq).max(0) as u64 + batch.spans as u64);
         let mut attempt = 0u32;
+        let mut traces_done = batch.spans == 0;
         let advance = loop {
-            if batch.spans == 0 {
-                break true;
+            if traces_done {
+                // Metrics follow their spans; only their own failure is retried (never the spans again).
+                let Some(m) = &batch.metrics else { break true };
+                match transport.send_metrics(&ctx.config, m.clone()).await {
+                    Ok(()) => break true,
+                    Err(ExportError::Retryable { retry_after, .. }) => {
+                        ctx.metrics.export_retries.inc();
+                        let wait = retry_after
+                            .unwrap_or_else(|| backoff(&ctx.config, attempt))
+                            .max(Duration::from_millis(10));
+                        attempt += 1;
+                        if !sleep_or_stop(&stop, wait, deadline).await {
+                            break false;
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(sink = %name, error = %e, "OTLP metrics rejected; dropped");
+                        break true;
+                    }
+                }
             }
             match transport.send(&ctx.config, batch.request.clone()).await {
                 Ok(acc) => {
@@ -155,7 +183,8 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
                         tracing::warn!(sink = %name, rejected = acc.rejected, message = %acc.message, "Receiver rejected some spans");
                     }
                     logged_failure = false;
-                    break true;
+                    traces_done = true;
+                    attempt = 0;
                 }
                 Err(ExportError::Retryable { message, retry_after }) => {
                     ctx.metrics.export_retries.inc();
@@ -174,7 +203,7 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
                 Err(e) => {
                     ctx.metrics.export_failed.add(batch.spans as u64);
                     tracing::error!(sink = %name, error = %e, spans = batch.spans, "OTLP export rejected; batch dropped");
-                    break true;
+                    traces_done = true;
                 }
             }
         };

@@ -11,6 +11,8 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
+use opentelemetry_proto::tonic::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use prost::Message;
@@ -39,7 +41,7 @@ pub struct Accepted {
 }
 
 pub enum Transport {
-    Grpc(TraceServiceClient<Channel>),
+    Grpc(TraceServiceClient<Channel>, MetricsServiceClient<Channel>),
     Http(Box<HttpTransport>),
 }
 
@@ -58,11 +60,14 @@ impl Transport {
                     .connect_timeout(cfg.timeout)
                     .timeout(cfg.timeout);
                 // Lazy: a receiver that is down at startup is retried like any other outage.
-                let mut client = TraceServiceClient::new(endpoint.connect_lazy());
+                let channel = endpoint.connect_lazy();
+                let mut traces = TraceServiceClient::new(channel.clone());
+                let mut metrics = MetricsServiceClient::new(channel);
                 if cfg.gzip {
-                    client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+                    traces = traces.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+                    metrics = metrics.send_compressed(tonic::codec::CompressionEncoding::Gzip);
                 }
-                Ok(Transport::Grpc(client))
+                Ok(Transport::Grpc(traces, metrics))
             }
             OtlpProtocol::HttpProtobuf | OtlpProtocol::HttpJson => {
                 let mut roots = rustls::RootCertStore::empty();
@@ -94,86 +99,132 @@ impl Transport {
 
     pub async fn send(&mut self, cfg: &OtlpConfig, req: ExportTraceServiceRequest) -> Result<Accepted, ExportError> {
         match self {
-            Transport::Grpc(client) => {
-                let mut request = tonic::Request::new(req);
-                request.set_timeout(cfg.timeout);
-                for (k, v) in &cfg.headers {
-                    if let (Ok(k), Ok(v)) = (
-                        tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
-                        v.parse(),
-                    ) {
-                        request.metadata_mut().insert(k, v);
-                    }
-                }
-                match client.export(request).await {
-                    Ok(resp) => Ok(accepted(resp.into_inner())),
-                    Err(status) => Err(classify_grpc(&status)),
-                }
-            }
+            Transport::Grpc(client, _) => match client.export(grpc_request(cfg, req)).await {
+                Ok(resp) => Ok(accepted(resp.into_inner())),
+                Err(status) => Err(classify_grpc(&status)),
+            },
             Transport::Http(h) => {
-                let HttpTransport { client, uri, json } = h.as_mut();
-                let (body, content_type) = if *json {
-                    (
-                        serde_json::to_vec(&req).map_err(|e| ExportError::Permanent { message: e.to_string() })?,
-                        "application/json",
-                    )
+                let json = h.json;
+                let body = encode(&req, json)?;
+                let bytes = http_post(&h.client, cfg, h.uri.clone(), body, json).await?;
+                let parsed = if json {
+                    serde_json::from_slice::<ExportTraceServiceResponse>(&bytes).ok()
                 } else {
-                    (req.encode_to_vec(), "application/x-protobuf")
+                    ExportTraceServiceResponse::decode(bytes.as_ref()).ok()
                 };
-                let mut builder = http::Request::post(uri.clone()).header("content-type", content_type);
-                let body = if cfg.gzip {
-                    builder = builder.header("content-encoding", "gzip");
-                    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-                    let _ = enc.write_all(&body);
-                    enc.finish().unwrap_or_default()
-                } else {
-                    body
-                };
-                for (k, v) in &cfg.headers {
-                    builder = builder.header(k.as_str(), v.as_str());
-                }
-                let request = builder
-                    .body(Full::new(Bytes::from(body)))
-                    .map_err(|e| ExportError::Config(e.to_string()))?;
-                let resp = match tokio::time::timeout(cfg.timeout, client.request(request)).await {
-                    Err(_) => return Err(retry("timed out", None)),
-                    Ok(Err(e)) => return Err(retry(&format!("connection failed: {e}"), None)),
-                    Ok(Ok(r)) => r,
-                };
-                let status = resp.status().as_u16();
-                let retry_after = resp
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(parse_retry_after);
-                let bytes = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(|c| c.to_bytes())
-                    .unwrap_or_default();
-                match status {
-                    200..=299 => {
-                        let parsed = if *json {
-                            serde_json::from_slice::<ExportTraceServiceResponse>(&bytes).ok()
-                        } else {
-                            ExportTraceServiceResponse::decode(bytes.as_ref()).ok()
-                        };
-                        Ok(parsed.map(accepted).unwrap_or(Accepted {
-                            rejected: 0,
-                            message: String::new(),
-                        }))
-                    }
-                    429 | 502 | 503 | 504 => Err(retry(&format!("HTTP {status}"), retry_after)),
-                    _ => Err(ExportError::Permanent {
-                        message: format!(
-                            "HTTP {status}: {}",
-                            String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
-                        ),
-                    }),
-                }
+                Ok(parsed.map(accepted).unwrap_or(Accepted {
+                    rejected: 0,
+                    message: String::new(),
+                }))
             }
         }
+    }
+
+    /// The GenAI client metrics for a batch, to the same destination (`/v1/metrics` for HTTP).
+    pub async fn send_metrics(
+        &mut self,
+        cfg: &OtlpConfig,
+        req: ExportMetricsServiceRequest,
+    ) -> Result<(), ExportError> {
+        match self {
+            Transport::Grpc(_, client) => match client.export(grpc_request(cfg, req)).await {
+                Ok(r) => {
+                    let _: ExportMetricsServiceResponse = r.into_inner();
+                    Ok(())
+                }
+                Err(status) => Err(classify_grpc(&status)),
+            },
+            Transport::Http(h) => {
+                let text = h.uri.to_string();
+                let metrics_uri: http::Uri = match text.strip_suffix("/v1/traces") {
+                    Some(base) => format!("{base}/v1/metrics"),
+                    None => format!("{}/v1/metrics", text.trim_end_matches('/')),
+                }
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| ExportError::Config(e.to_string()))?;
+                let body = encode(&req, h.json)?;
+                http_post(&h.client, cfg, metrics_uri, body, h.json).await.map(|_| ())
+            }
+        }
+    }
+}
+
+fn encode<T: prost::Message + serde::Serialize>(req: &T, json: bool) -> Result<Vec<u8>, ExportError> {
+    if json {
+        serde_json::to_vec(req).map_err(|e| ExportError::Permanent { message: e.to_string() })
+    } else {
+        Ok(req.encode_to_vec())
+    }
+}
+
+fn grpc_request<T>(cfg: &OtlpConfig, body: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(body);
+    request.set_timeout(cfg.timeout);
+    for (k, v) in &cfg.headers {
+        if let (Ok(k), Ok(v)) = (
+            tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
+            v.parse(),
+        ) {
+            request.metadata_mut().insert(k, v);
+        }
+    }
+    request
+}
+
+/// POST one OTLP/HTTP body; the response body on 2xx, a classified error otherwise.
+async fn http_post(
+    client: &Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    cfg: &OtlpConfig,
+    uri: http::Uri,
+    body: Vec<u8>,
+    json: bool,
+) -> Result<Bytes, ExportError> {
+    let content_type = if json {
+        "application/json"
+    } else {
+        "application/x-protobuf"
+    };
+    let mut builder = http::Request::post(uri).header("content-type", content_type);
+    let body = if cfg.gzip {
+        builder = builder.header("content-encoding", "gzip");
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let _ = enc.write_all(&body);
+        enc.finish().unwrap_or_default()
+    } else {
+        body
+    };
+    for (k, v) in &cfg.headers {
+        builder = builder.header(k.as_str(), v.as_str());
+    }
+    let request = builder
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| ExportError::Config(e.to_string()))?;
+    let resp = match tokio::time::timeout(cfg.timeout, client.request(request)).await {
+        Err(_) => return Err(retry("timed out", None)),
+        Ok(Err(e)) => return Err(retry(&format!("connection failed: {e}"), None)),
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_retry_after);
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    match status {
+        200..=299 => Ok(bytes),
+        429 | 502 | 503 | 504 => Err(retry(&format!("HTTP {status}"), retry_after)),
+        _ => Err(ExportError::Permanent {
+            message: format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
+            ),
+        }),
     }
 }
 
@@ -201,6 +252,11 @@ fn classify_grpc(status: &tonic::Status) -> ExportError {
     use tonic::Code;
     let delay = status.get_details_retry_info().and_then(|r| r.retry_delay);
     let message = format!("{:?}: {}", status.code(), status.message());
+    // A status that tonic made up from a local transport failure (no response from the server) is a dropped or
+    // refused connection, which the spec says to retry, whatever code tonic gave it.
+    if std::error::Error::source(status).is_some() && status.metadata().get("grpc-status").is_none() {
+        return retry(&message, delay);
+    }
     match status.code() {
         Code::Cancelled
         | Code::DeadlineExceeded
