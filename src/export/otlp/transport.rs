@@ -41,7 +41,7 @@ pub struct Accepted {
 }
 
 pub enum Transport {
-    Grpc(TraceServiceClient<Channel>, MetricsServiceClient<Channel>),
+    Grpc(Box<(TraceServiceClient<Channel>, MetricsServiceClient<Channel>)>),
     Http(Box<HttpTransport>),
 }
 
@@ -67,7 +67,7 @@ impl Transport {
                     traces = traces.send_compressed(tonic::codec::CompressionEncoding::Gzip);
                     metrics = metrics.send_compressed(tonic::codec::CompressionEncoding::Gzip);
                 }
-                Ok(Transport::Grpc(traces, metrics))
+                Ok(Transport::Grpc(Box::new((traces, metrics))))
             }
             OtlpProtocol::HttpProtobuf | OtlpProtocol::HttpJson => {
                 let mut roots = rustls::RootCertStore::empty();
@@ -99,7 +99,7 @@ impl Transport {
 
     pub async fn send(&mut self, cfg: &OtlpConfig, req: ExportTraceServiceRequest) -> Result<Accepted, ExportError> {
         match self {
-            Transport::Grpc(client, _) => match client.export(grpc_request(cfg, req)).await {
+            Transport::Grpc(c) => match c.0.export(grpc_request(cfg, req)).await {
                 Ok(resp) => Ok(accepted(resp.into_inner())),
                 Err(status) => Err(classify_grpc(&status)),
             },
@@ -127,7 +127,7 @@ impl Transport {
         req: ExportMetricsServiceRequest,
     ) -> Result<(), ExportError> {
         match self {
-            Transport::Grpc(_, client) => match client.export(grpc_request(cfg, req)).await {
+            Transport::Grpc(c) => match c.1.export(grpc_request(cfg, req)).await {
                 Ok(r) => {
                     let _: ExportMetricsServiceResponse = r.into_inner();
                     Ok(())
