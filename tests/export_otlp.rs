@@ -418,6 +418,28 @@ async fn grpc_receiver_gets_the_genai_span_tree() {
         res.iter()
             .all(|r| r.iter().any(|(k, v)| k == "service.name" && v == "llmtap"))
     );
+    drop(res);
+
+    // GenAI client metrics agree with the spans.
+    let input_sum: u64 = chats
+        .iter()
+        .map(|s| attr(s, "gen_ai.usage.input_tokens").unwrap().parse::<u64>().unwrap())
+        .sum();
+    let (sum, count) = receiver.histogram("gen_ai.client.token.usage", Some(("gen_ai.token.type", "input")));
+    assert_eq!((sum as u64, count as usize), (input_sum, chats.len()));
+    let (_, durations) = receiver.histogram("gen_ai.client.operation.duration", None);
+    assert_eq!(durations as usize, chats.len());
+    let streamed = chats
+        .iter()
+        .filter(|s| attr(s, "gen_ai.response.time_to_first_chunk").is_some())
+        .count();
+    assert!(streamed > 0);
+    assert_eq!(
+        receiver
+            .histogram("gen_ai.client.operation.time_to_first_chunk", None)
+            .1 as usize,
+        streamed
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,6 +474,15 @@ async fn http_protobuf_and_json_receivers_get_spans() {
         assert!(
             tools.iter().filter(|x| x.name.starts_with("execute_tool")).count() >= 6,
             "{protocol}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while receiver.histogram("gen_ai.client.operation.duration", None).1 < n as u64 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            receiver.histogram("gen_ai.client.operation.duration", None).1,
+            n as u64,
+            "{protocol} metrics"
         );
     }
 }
