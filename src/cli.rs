@@ -44,6 +44,10 @@ pub enum ExportFormat {
     ProviderTraces,
     /// One JSON object per derived step (opentraces Step fields plus trajectory and trace ids).
     Steps,
+    /// One opentraces TraceRecord (schema 0.2.0) per trajectory; sub-agents are their own records.
+    Opentraces,
+    /// One ATIF v1.7 trajectory per top-level trajectory, sub-agents embedded.
+    Atif,
 }
 
 #[derive(Debug, Subcommand)]

@@ -169,10 +169,14 @@ impl StoreReader {
         while let Some(row) = rows.next()? {
             let id: String = row.get(0)?;
             let body: String = row.get(1)?;
-            let summary = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+            let prompts: Option<String> = row.get(2)?;
+            let tools: Option<String> = row.get(3)?;
+            let mut summary: TrajectorySummary = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
                 id,
                 what: e.to_string(),
             })?;
+            summary.system_prompts = prompts.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default();
+            summary.tool_definitions = tools.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
             out.push(SessionRow { summary });
         }
         Ok(out)
