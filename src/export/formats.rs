@@ -271,10 +271,10 @@ pub fn atif(t: &TrajectoryData) -> Value {
                 if !results.is_empty() {
                     step["observation"] = json!({"results": results});
                 }
-                if st.tool_calls.is_empty() {
-                    if let Value::Object(m) = &mut step {
-                        m.remove("tool_calls");
-                    }
+                if st.tool_calls.is_empty()
+                    && let Value::Object(m) = &mut step
+                {
+                    m.remove("tool_calls");
                 }
                 strip_nulls(&mut step);
                 if let Some(e) = step.get_mut("extra") {
