@@ -48,6 +48,8 @@ pub enum ExportFormat {
     Opentraces,
     /// One ATIF v1.7 trajectory per top-level trajectory, sub-agents embedded.
     Atif,
+    /// One Invariant trace (a JSON array of OpenAI-style events, metadata first) per trajectory.
+    Invariant,
 }
 
 #[derive(Debug, Subcommand)]

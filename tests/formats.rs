@@ -192,5 +192,39 @@ async fn every_session_exports_valid_opentraces_and_atif() {
             );
         }
         assert_eq!(embedded, parents.len(), "{name}: every sub-agent embedded once");
+
+        // Invariant: one valid trace per trajectory; every tool event answers a call of an earlier event.
+        let invariant = schema("invariant/invariant-trace.derived.schema.json");
+        let traces = tap.export("invariant", &[]);
+        assert_eq!(traces.len(), sessions.len(), "{name}");
+        for t in &traces {
+            assert_valid(&invariant, t, &format!("{name} invariant"));
+            let events = t.as_array().unwrap();
+            assert!(events[0]["metadata"]["usage"]["input_tokens"].is_u64());
+            let mut called = HashSet::new();
+            for e in &events[1..] {
+                for c in e["tool_calls"].as_array().into_iter().flatten() {
+                    assert!(c["function"]["arguments"].is_object(), "arguments go out as objects");
+                    called.insert(c["id"].as_str().unwrap().to_owned());
+                }
+                if e["role"] == "tool" {
+                    assert!(
+                        called.contains(e["tool_call_id"].as_str().unwrap()),
+                        "{name}: tool result follows its call"
+                    );
+                }
+            }
+            let traj = events[0]["metadata"]["trajectory_id"].as_str().unwrap();
+            let obs: usize = steps
+                .iter()
+                .filter(|s| s["trajectory_id"] == traj)
+                .map(|s| s["observations"].as_array().unwrap().len())
+                .sum();
+            assert_eq!(
+                events.iter().filter(|e| e["role"] == "tool").count(),
+                obs,
+                "{name}: tool events"
+            );
+        }
     }
 }

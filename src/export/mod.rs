@@ -38,7 +38,7 @@ pub fn write_jsonl(
     match format {
         ExportFormat::ProviderTraces => reader.for_each_trace(filter, |t| line(&t.to_export_json()))?,
         ExportFormat::Steps => reader.for_each_step(filter, |s| line(&serde_json::to_value(&s).unwrap_or_default()))?,
-        ExportFormat::Opentraces | ExportFormat::Atif => {
+        ExportFormat::Opentraces | ExportFormat::Atif | ExportFormat::Invariant => {
             let all: Vec<_> = reader
                 .sessions(&TraceFilter::default())?
                 .into_iter()
@@ -60,6 +60,7 @@ pub fn write_jsonl(
                 let data = load_trajectory(reader, s.clone(), &all, format == ExportFormat::Atif, 0)?;
                 let v = match format {
                     ExportFormat::Atif => formats::atif(&data),
+                    ExportFormat::Invariant => formats::invariant(&data),
                     _ => formats::opentraces(&data),
                 };
                 line(&v)?;
