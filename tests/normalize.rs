@@ -12,26 +12,11 @@ use llmtap::model::call::NormalizedCall;
 use llmtap::provider::{CallContext, adapter_for};
 use serde_json::Value;
 
-fn api_of(f: &Fixture) -> Api {
-    let p = f.upstream_path.split('?').next().unwrap();
-    if p.ends_with("/chat/completions") {
-        Api::OpenAiChat
-    } else if p.ends_with("/responses") {
-        Api::OpenAiResponses
-    } else if p.ends_with("/messages") {
-        Api::AnthropicMessages
-    } else if p.contains(":generateContent") || p.contains(":streamGenerateContent") {
-        Api::GeminiGenerateContent
-    } else {
-        Api::Other
-    }
-}
-
 /// (request, response as a non-streamed body, normalized call) for every fixture with an adapter.
 fn normalized() -> Vec<(Fixture, Value, NormalizedCall)> {
     let mut out = Vec::new();
     for f in all_fixtures() {
-        let Some(adapter) = adapter_for(api_of(&f)) else {
+        let Some(adapter) = adapter_for(f.api()) else {
             continue;
         };
         let request: Value = serde_json::from_slice(&f.request).unwrap();
@@ -83,7 +68,7 @@ fn n(v: &Value, path: &[&str]) -> u64 {
 fn usage_is_exact_against_provider_numbers() {
     let mut checked = 0;
     for (f, resp, call) in normalized() {
-        let (input, output, cache_read, reasoning) = match api_of(&f) {
+        let (input, output, cache_read, reasoning) = match f.api() {
             Api::OpenAiChat => {
                 let u = &resp["usage"];
                 if !u.is_object() {

@@ -107,7 +107,7 @@ fn reassembled_streams_match_golden_bodies() {
     let bless = std::env::var_os("LLMTAP_BLESS").is_some();
     let mut checked = 0;
     for f in all_fixtures().iter().filter(|f| f.kind == BodyKind::Sse) {
-        let api = api_of(f);
+        let api = f.api();
         let adapter = adapter_for(api).unwrap_or_else(|| panic!("{}: no adapter", f.name));
         let text = String::from_utf8(f.body.clone()).unwrap();
         let got = adapter.reassemble(&parse_events(&text)).unwrap();
@@ -121,22 +121,6 @@ fn reassembled_streams_match_golden_bodies() {
         checked += 1;
     }
     assert!(checked >= 30, "{checked}");
-}
-
-pub fn api_of(f: &Fixture) -> llmtap::capture::Api {
-    use llmtap::capture::Api;
-    let p = f.upstream_path.split('?').next().unwrap();
-    if p.ends_with("/chat/completions") {
-        Api::OpenAiChat
-    } else if p.ends_with("/responses") {
-        Api::OpenAiResponses
-    } else if p.ends_with("/messages") {
-        Api::AnthropicMessages
-    } else if p.contains(":generateContent") || p.contains(":streamGenerateContent") {
-        Api::GeminiGenerateContent
-    } else {
-        Api::Other
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -329,7 +329,7 @@ impl Rng {
 
 /// Derive directly (no proxy) from calls in a given order; returns steps as JSON, last version of each.
 fn derive_in_order(calls: &[Fixture]) -> Vec<Value> {
-    use llmtap::capture::{Api, Captured, ExchangeMeta, Outcome, RawExchange, Timings};
+    use llmtap::capture::{Captured, ExchangeMeta, Outcome, RawExchange, Timings};
     use llmtap::derive::Deriver;
     use llmtap::store::Record;
     let mut d = Deriver::new(llmtap::config::DeriveConfig::default());
@@ -343,13 +343,7 @@ fn derive_in_order(calls: &[Fixture]) -> Vec<Value> {
         let ex = RawExchange {
             id: format!("ex-{t}"),
             upstream: f.upstream.into(),
-            api: match f.upstream_path.split('?').next().unwrap() {
-                p if p.ends_with("/chat/completions") => Api::OpenAiChat,
-                p if p.ends_with("/responses") => Api::OpenAiResponses,
-                p if p.ends_with("/messages") => Api::AnthropicMessages,
-                p if p.contains("enerateContent") => Api::GeminiGenerateContent,
-                _ => Api::Other,
-            },
+            api: f.api(),
             method: "POST".into(),
             path: f.upstream_path.clone(),
             status: Some(f.status),

@@ -92,11 +92,7 @@ impl StoreReader {
     ) -> Result<(), StoreError> {
         let (cond, params) = filter.condition();
         let sql = format!(
-            "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome, t.error, t.streamed,
-                    t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
-                    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response
-             FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id
-             WHERE {cond} ORDER BY t.started_us, t.seq{}",
+            "{TRACE_SELECT} WHERE {cond} ORDER BY t.started_us, t.seq{}",
             filter.limit_clause()
         );
         let mut stmt = self.conn.prepare(&sql)?;
@@ -183,11 +179,8 @@ impl StoreReader {
     }
 
     pub fn trace(&self, id: &str) -> Result<Option<ProviderTrace>, StoreError> {
-        let sql = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome, t.error, t.streamed,
-                    t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
-                    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response
-             FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id WHERE t.id = ?1";
-        let mut stmt = self.conn.prepare_cached(sql)?;
+        let sql = format!("{TRACE_SELECT} WHERE t.id = ?1");
+        let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut rows = stmt.query([id])?;
         match rows.next()? {
             Some(row) => Ok(Some(trace_from_row(row)?)),
@@ -257,6 +250,12 @@ impl StoreReader {
             .query_row("SELECT COUNT(*) FROM traces", [], |r| r.get::<_, i64>(0))? as u64)
     }
 }
+
+/// The columns `trace_from_row` reads, in its order.
+const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
+    t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
+    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response
+    FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id";
 
 fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
     let id: String = row.get(0)?;

@@ -134,6 +134,25 @@ pub fn load_fixture(dir: &Path) -> Option<Fixture> {
     })
 }
 
+impl Fixture {
+    /// The API this recording speaks, from its path (as llmtap's router decides it).
+    pub fn api(&self) -> llmtap::capture::Api {
+        use llmtap::capture::Api;
+        let p = self.upstream_path.split('?').next().unwrap_or("");
+        if p.ends_with("/chat/completions") {
+            Api::OpenAiChat
+        } else if p.ends_with("/responses") {
+            Api::OpenAiResponses
+        } else if p.ends_with("/messages") {
+            Api::AnthropicMessages
+        } else if p.contains(":generateContent") || p.contains(":streamGenerateContent") {
+            Api::GeminiGenerateContent
+        } else {
+            Api::Other
+        }
+    }
+}
+
 /// Every replayable interaction (a request and a response), sorted by name.
 pub fn all_fixtures() -> Vec<Fixture> {
     let mut dirs = Vec::new();
@@ -563,15 +582,37 @@ impl Llmtap {
             .collect()
     }
 
-    /// Wait until the store holds at least `n` provider traces (capture is asynchronous by design).
+    /// Wait until the store holds at least `n` provider traces and everything derived from them (capture is
+    /// asynchronous by design: a call's trace and its steps may commit in different store transactions).
     pub fn wait_for_traces(&self, n: usize) -> Vec<Value> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let traces = self.export("provider-traces", &[]);
             if traces.len() >= n || Instant::now() > deadline {
-                return traces;
+                self.wait_settled();
+                return self.export("provider-traces", &[]);
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Every captured exchange processed, and the store's write count stable.
+    pub fn wait_settled(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut last = u64::MAX;
+        while Instant::now() < deadline {
+            let m = self.metrics();
+            let get = |name: &str| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()))
+                    .unwrap_or(0)
+            };
+            let stored = get("llmtap_stored_total");
+            if get("llmtap_captured_total") == get("llmtap_processed_total") && stored == last {
+                return;
+            }
+            last = stored;
+            std::thread::sleep(Duration::from_millis(150));
         }
     }
 
