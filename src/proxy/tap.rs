@@ -1,8 +1,9 @@
 //! `TapBody<B>`: forwards every frame of a body unchanged and keeps a refcounted clone of its data.
 //!
 //! Invariants:
-//! - Per-frame work is synchronous and O(1): a `Bytes` clone (refcount bump) pushed onto a Vec, no locks,
-//!   no parsing, no awaits. When capture is off the tap is `None` and the body is a plain pass-through.
+//! - Per-frame work is synchronous and proportional to the frame at most: a `Bytes` clone (refcount bump) for
+//!   large frames, a memcpy into one buffer for small ones (see `Tap::keep` for why); no locks, no parsing, no
+//!   awaits. When capture is off the tap is `None` and the body is a plain pass-through.
 //! - A tap finishes exactly once: at end of stream, on an inner error, or on `Drop` (the client went away, or
 //!   hyper dropped the body early). The response tap's finish is the one place an exchange is sent.
 
@@ -53,8 +54,13 @@ enum End {
     Dropped,
 }
 
+/// Frames at least this large are kept by reference; smaller ones are copied (see `Tap::keep`).
+const SHARE_FRAMES_FROM: usize = 16 * 1024;
+
 pub struct Tap {
     captured: Captured,
+    /// Copies of small frames, in order, not yet moved into `captured.body`.
+    small: bytes::BytesMut,
     cap: usize,
     first_byte_seen: bool,
     finish: Finish,
@@ -75,6 +81,7 @@ impl Tap {
                 headers,
                 ..Captured::default()
             },
+            small: bytes::BytesMut::new(),
             cap,
             first_byte_seen: false,
             finish,
@@ -94,19 +101,38 @@ impl Tap {
             return;
         }
         let kept: usize = (self.captured.len as usize).saturating_sub(data.len());
-        if kept + data.len() <= self.cap {
+        let room = self.cap.saturating_sub(kept);
+        if data.len() > room {
+            // Keep what fits so the prefix is still useful, then stop copying.
+            self.keep(&data.slice(..room));
+            self.captured.truncated = true;
+        } else {
+            self.keep(data);
+        }
+    }
+
+    /// A `Bytes` from hyper is a slice of its read buffer: holding a clone of a 100-byte SSE frame pins the whole
+    /// buffer (kilobytes) until the exchange ends, which made 1,000 long streams cost ~750 MiB. Small frames are
+    /// therefore copied into one growing buffer; only large frames, which own most of their buffer, are kept by
+    /// reference.
+    #[inline]
+    fn keep(&mut self, data: &Bytes) {
+        if data.len() >= SHARE_FRAMES_FROM {
+            self.flush_small();
             self.captured.body.push(data.clone());
         } else {
-            // Keep what fits so the prefix is still useful, then stop copying.
-            let room = self.cap.saturating_sub(kept);
-            if room > 0 {
-                self.captured.body.push(data.slice(..room));
-            }
-            self.captured.truncated = true;
+            self.small.extend_from_slice(data);
+        }
+    }
+
+    fn flush_small(&mut self) {
+        if !self.small.is_empty() {
+            self.captured.body.push(self.small.split().freeze());
         }
     }
 
     fn finish(mut self, end: End) {
+        self.flush_small();
         self.captured.ended = matches!(end, End::Complete);
         match self.finish {
             Finish::Request(slot) => slot.put(self.captured),
