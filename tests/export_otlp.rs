@@ -506,6 +506,13 @@ async fn outage_and_restart_lose_no_span() {
         "retries visible in the metrics"
     );
     assert_eq!(tap.metric("llmtap_exported_total"), 0);
+    // Let the retries run a little longer: still nothing may be dropped.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        tap.metric("llmtap_export_failed_total"),
+        0,
+        "an unreachable receiver is retried, never dropped"
+    );
     // Restart llmtap while the receiver is still down; more traffic after the restart.
     tap.terminate();
     let tap = Llmtap::start(&config, dir.path());
@@ -629,4 +636,32 @@ async fn standard_otel_variables_and_an_incoming_traceparent_are_honoured() {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_destinations_each_get_everything() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let (grpc, http) = (Receiver::new(Mode::Accept), Receiver::new(Mode::Accept));
+    let gaddr = free_port();
+    let _server = serve_grpc(grpc.clone(), gaddr).await;
+    let haddr = serve_http(http.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = upstream_config(
+        &up,
+        &format!(
+            "[[export.otlp]]\nname = \"a\"\nendpoint = \"http://{gaddr}\"\nprotocol = \"grpc\"\nretry_initial_ms = 50\n\
+             [[export.otlp]]\nname = \"b\"\nendpoint = \"http://{haddr}\"\nprotocol = \"http/protobuf\"\nretry_initial_ms = 50\n"
+        ),
+    );
+    let tap = Llmtap::start(&config, dir.path());
+    let n = replay(&tap, &["pydantic-ai__openai_chat_stream_agent_3calls"]).await;
+    let chats = |r: &Receiver| r.spans().iter().filter(|s| s.name.starts_with("chat ")).count();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (chats(&grpc) < n || chats(&http) < n) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(chats(&grpc), n);
+    assert_eq!(chats(&http), n);
+    let ids = |r: &Receiver| r.spans().iter().map(|s| s.span_id.clone()).collect::<HashSet<_>>();
+    assert_eq!(ids(&grpc), ids(&http), "both destinations get the same spans");
 }

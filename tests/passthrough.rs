@@ -432,3 +432,32 @@ async fn session_metadata_from_headers_and_path_is_recorded_and_stripped() {
     assert_eq!(traces[1]["metadata"]["agent"], "planner");
     assert_eq!(tap.export("provider-traces", &["--session", "run-8"]).len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_clients_are_served_too() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let f = all_fixtures()
+        .into_iter()
+        .find(|f| f.name == "anthropic_messages/pydantic-ai__thinking_stream")
+        .unwrap();
+    // HTTP/2 with prior knowledge over plain TCP (h2c).
+    let h2: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let req = http::Request::post(tap.url(&f.client_path))
+        .header("x-replay-fixture", f.name.as_str())
+        .body(http_body_util::Full::new(bytes::Bytes::from(f.request.clone())))
+        .unwrap();
+    let resp = h2.request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.as_ref(), f.body.as_slice());
+    assert!(up.received()[0].body_matched);
+    let traces = tap.wait_for_traces(1);
+    assert_eq!(traces[0]["outcome"], "complete");
+    assert_eq!(traces[0]["streamed"], true);
+}

@@ -254,7 +254,12 @@ fn classify_grpc(status: &tonic::Status) -> ExportError {
     let message = format!("{:?}: {}", status.code(), status.message());
     // A status that tonic made up from a local transport failure (no response from the server) is a dropped or
     // refused connection, which the spec says to retry, whatever code tonic gave it.
-    if std::error::Error::source(status).is_some() && status.metadata().get("grpc-status").is_none() {
+    // tonic reports a channel that could not connect as `Unknown: "Service was not ready: transport error"`,
+    // with no source attached: match that too.
+    let local_transport = std::error::Error::source(status).is_some() && status.metadata().get("grpc-status").is_none();
+    let not_ready = status.code() == Code::Unknown
+        && (status.message().starts_with("Service was not ready") || status.message().contains("transport error"));
+    if local_transport || not_ready {
         return retry(&message, delay);
     }
     match status.code() {
