@@ -103,11 +103,7 @@ async fn every_session_exports_valid_opentraces_and_atif() {
         }
         tap.wait_for_traces(calls.len());
         let steps = tap.export("steps", &[]);
-        let sessions: Vec<Value> = tap
-            .cli(&["sessions", "--json"])
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let sessions: Vec<Value> = tap.sessions_json();
 
         // opentraces: one valid record per trajectory, facts preserved.
         let records = tap.export("opentraces", &[]);

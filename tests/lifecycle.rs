@@ -13,10 +13,7 @@ fn fixture(name: &str) -> Fixture {
 }
 
 fn sessions(tap: &Llmtap) -> Vec<Value> {
-    tap.cli(&["sessions", "--json"])
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    tap.sessions_json()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,11 +24,7 @@ async fn replay_session(name: &str) -> Replayed {
     replay_into(&tap, &session(name)).await;
     let traces = tap.wait_for_traces(session(name).len());
     let steps = tap.export("steps", &[]);
-    let sessions: Vec<Value> = tap
-        .cli(&["sessions", "--json"])
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let sessions: Vec<Value> = tap.sessions_json();
     Replayed {
         call_trajectory: traces
             .iter()

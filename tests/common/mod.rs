@@ -616,6 +616,14 @@ impl Llmtap {
         }
     }
 
+    /// `llmtap sessions --json`, parsed.
+    pub fn sessions_json(&self) -> Vec<Value> {
+        self.cli(&["sessions", "--json"])
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     pub fn metrics(&self) -> String {
         let out = Command::new(bin())
             .args(["status", "--addr", &self.addr.to_string()])

@@ -156,12 +156,7 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
                 match transport.send_metrics(&ctx.config, m.clone()).await {
                     Ok(()) => break true,
                     Err(ExportError::Retryable { retry_after, .. }) => {
-                        ctx.metrics.export_retries.inc();
-                        let wait = retry_after
-                            .unwrap_or_else(|| backoff(&ctx.config, attempt))
-                            .max(Duration::from_millis(10));
-                        attempt += 1;
-                        if !sleep_or_stop(&stop, wait, deadline).await {
+                        if !wait_to_retry(&ctx, &mut attempt, retry_after, &stop, deadline).await {
                             break false;
                         }
                         continue;
@@ -187,16 +182,11 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
                     attempt = 0;
                 }
                 Err(ExportError::Retryable { message, retry_after }) => {
-                    ctx.metrics.export_retries.inc();
                     if !logged_failure {
                         tracing::warn!(sink = %name, error = %message, "OTLP export failed; retrying (spans stay in the store)");
                         logged_failure = true;
                     }
-                    let wait = retry_after
-                        .unwrap_or_else(|| backoff(&ctx.config, attempt))
-                        .max(Duration::from_millis(10));
-                    attempt += 1;
-                    if !sleep_or_stop(&stop, wait, deadline).await {
+                    if !wait_to_retry(&ctx, &mut attempt, retry_after, &stop, deadline).await {
                         break false;
                     }
                 }
@@ -216,6 +206,23 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             ctx.metrics.store_error(&e);
         }
     }
+}
+
+/// Count a retry and wait for it: the server's delay if it gave one, else jittered backoff. False when the
+/// shutdown deadline is over.
+async fn wait_to_retry(
+    ctx: &SinkContext,
+    attempt: &mut u32,
+    retry_after: Option<Duration>,
+    stop: &CancellationToken,
+    deadline: Option<Instant>,
+) -> bool {
+    ctx.metrics.export_retries.inc();
+    let wait = retry_after
+        .unwrap_or_else(|| backoff(&ctx.config, *attempt))
+        .max(Duration::from_millis(10));
+    *attempt += 1;
+    sleep_or_stop(stop, wait, deadline).await
 }
 
 /// Sleep unless the flush deadline passes first; false when the deadline is over.
