@@ -129,10 +129,7 @@ async fn subscriptions_filter_by_session_and_agent() {
         .await
         .unwrap()
         .into_inner();
-    let f = all_fixtures()
-        .into_iter()
-        .find(|f| f.name == "openai_chat/openllmetry__chat_basic_gzip")
-        .unwrap();
+    let f = fixture("openai_chat/openllmetry__chat_basic_gzip");
     let client = client();
     send_fixture(
         &client,

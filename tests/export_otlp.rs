@@ -577,10 +577,7 @@ async fn rejections_and_partial_success_are_not_retried() {
         let _server = serve_grpc(receiver.clone(), addr).await;
         let dir = tempfile::tempdir().unwrap();
         let tap = Llmtap::start(&otlp_config(&up, &format!("http://{addr}"), "grpc", ""), dir.path());
-        let f = all_fixtures()
-            .into_iter()
-            .find(|f| f.name == "openai_chat/openllmetry__chat_basic_gzip")
-            .unwrap();
+        let f = fixture("openai_chat/openllmetry__chat_basic_gzip");
         assert_eq!(send_fixture(&client(), &tap, &f, &[]).await.status, 200);
         let deadline = Instant::now() + Duration::from_secs(10);
         while *receiver.attempts.lock().unwrap() == 0 && Instant::now() < deadline {
@@ -612,10 +609,7 @@ async fn standard_otel_variables_and_an_incoming_traceparent_are_honoured() {
             ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test,team=ml%20ops"),
         ],
     );
-    let f = all_fixtures()
-        .into_iter()
-        .find(|f| f.name == "openai_chat/openllmetry__chat_basic_gzip")
-        .unwrap();
+    let f = fixture("openai_chat/openllmetry__chat_basic_gzip");
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     assert_eq!(
         send_fixture(&client(), &tap, &f, &[("traceparent", tp)]).await.status,

@@ -8,10 +8,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{Value, json};
 
-fn fixture(name: &str) -> Fixture {
-    all_fixtures().into_iter().find(|f| f.name == name).unwrap()
-}
-
 fn sessions(tap: &Llmtap) -> Vec<Value> {
     tap.sessions_json()
 }
@@ -50,14 +46,7 @@ async fn one_token_calls_are_warmup() {
     let mut body: Value = serde_json::from_slice(&f.request).unwrap();
     body["max_tokens"] = json!(1);
     let client = client();
-    let r = send(
-        &client,
-        "POST",
-        &tap.url(&f.client_path),
-        &[("x-replay-fixture", f.name.as_str())],
-        body.to_string().into_bytes(),
-    )
-    .await;
+    let r = send_body(&client, &tap, &f, body.to_string().into_bytes()).await;
     assert_eq!(r.status, 200);
     // The same conversation with a real budget is a main call.
     assert_eq!(send_fixture(&client, &tap, &f, &[]).await.status, 200);
@@ -90,14 +79,7 @@ async fn a_summary_restart_is_linked_as_a_continuation() {
         {"role": "system", "content": "You write titles."},
         {"role": "user", "content": summary}]});
     for body in [&first, &second, &unrelated] {
-        let r = send(
-            &client,
-            "POST",
-            &tap.url(&f.client_path),
-            &[("x-replay-fixture", f.name.as_str())],
-            body.to_string().into_bytes(),
-        )
-        .await;
+        let r = send_body(&client, &tap, &f, body.to_string().into_bytes()).await;
         assert_eq!(r.status, 200);
     }
     let traces = tap.wait_for_traces(3);

@@ -131,10 +131,7 @@ async fn sse_is_forwarded_event_by_event_as_it_arrives() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
-    let f = all_fixtures()
-        .into_iter()
-        .find(|f| f.name == "anthropic_messages/pydantic-ai__thinking_stream")
-        .unwrap();
+    let f = fixture("anthropic_messages/pydantic-ai__thinking_stream");
     let events = split_sse(&f.body).len();
     assert!(events > 10);
     let client = client();
@@ -198,19 +195,9 @@ async fn secrets_reach_the_upstream_but_never_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
     let client = client();
-    let fixtures = all_fixtures();
-    let anthropic = fixtures
-        .iter()
-        .find(|f| f.name == "anthropic_messages/pydantic-ai__thinking_stream")
-        .unwrap();
-    let gemini = fixtures
-        .iter()
-        .find(|f| f.name == "gemini/pydantic-ai__stream_text")
-        .unwrap();
-    let openai = fixtures
-        .iter()
-        .find(|f| f.name == "openai_chat/openllmetry__tool_call_stream")
-        .unwrap();
+    let anthropic = &fixture("anthropic_messages/pydantic-ai__thinking_stream");
+    let gemini = &fixture("gemini/pydantic-ai__stream_text");
+    let openai = &fixture("openai_chat/openllmetry__tool_call_stream");
 
     let a = send_fixture(
         &client,
@@ -361,15 +348,8 @@ async fn upstream_refused_and_reset_are_reported_and_captured() {
 async fn store_survives_kill_9_and_restart() {
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let fixtures = all_fixtures();
-    let f1 = fixtures
-        .iter()
-        .find(|f| f.name == "openai_chat/openllmetry__chat_basic_gzip")
-        .unwrap();
-    let f2 = fixtures
-        .iter()
-        .find(|f| f.name == "gemini/pydantic-ai__thoughts_nonstream")
-        .unwrap();
+    let f1 = &fixture("openai_chat/openllmetry__chat_basic_gzip");
+    let f2 = &fixture("gemini/pydantic-ai__thoughts_nonstream");
     let client = client();
     {
         let mut tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
@@ -392,11 +372,7 @@ async fn session_metadata_from_headers_and_path_is_recorded_and_stripped() {
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
     let client = client();
-    let fixtures = all_fixtures();
-    let f = fixtures
-        .iter()
-        .find(|f| f.name == "openai_chat/openllmetry__chat_basic_gzip")
-        .unwrap();
+    let f = &fixture("openai_chat/openllmetry__chat_basic_gzip");
     send_fixture(
         &client,
         &tap,
@@ -438,10 +414,7 @@ async fn h2c_clients_are_served_too() {
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
-    let f = all_fixtures()
-        .into_iter()
-        .find(|f| f.name == "anthropic_messages/pydantic-ai__thinking_stream")
-        .unwrap();
+    let f = fixture("anthropic_messages/pydantic-ai__thinking_stream");
     // HTTP/2 with prior knowledge over plain TCP (h2c).
     let h2: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())

@@ -312,6 +312,22 @@ fn step_keys(steps: &[Value]) -> BTreeSet<(String, u64, String)> {
         .collect()
 }
 
+/// (step id, tool call id) of every observation.
+fn observation_pairs(steps: &[Value]) -> BTreeSet<(String, String)> {
+    steps
+        .iter()
+        .flat_map(|s| {
+            let id = s["step_id"].as_str().unwrap().to_owned();
+            s["observations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |o| (id.clone(), o["source_call_id"].to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// xorshift: a reproducible shuffle without another dependency.
 struct Rng(u64);
 impl Rng {
@@ -390,18 +406,7 @@ fn interleaving_unrelated_sessions_changes_no_trajectory() {
     let sequential: Vec<Fixture> = sessions.iter().flatten().cloned().collect();
     let baseline = derive_in_order(&sequential);
     let base_keys = step_keys(&baseline);
-    let base_obs: BTreeSet<(String, String)> = baseline
-        .iter()
-        .flat_map(|s| {
-            let id = s["step_id"].as_str().unwrap().to_owned();
-            s["observations"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(move |o| (id.clone(), o["source_call_id"].to_string()))
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let base_obs = observation_pairs(&baseline);
     assert!(base_keys.len() > 20);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for round in 0..40 {
@@ -418,18 +423,7 @@ fn interleaving_unrelated_sessions_changes_no_trajectory() {
         }
         let steps = derive_in_order(&order);
         assert_eq!(step_keys(&steps), base_keys, "round {round}");
-        let obs: BTreeSet<(String, String)> = steps
-            .iter()
-            .flat_map(|s| {
-                let id = s["step_id"].as_str().unwrap().to_owned();
-                s["observations"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(move |o| (id.clone(), o["source_call_id"].to_string()))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let obs = observation_pairs(&steps);
         assert_eq!(obs, base_obs, "round {round}");
     }
 }

@@ -326,23 +326,17 @@ fn merge_candidate(candidates: &mut Vec<Map<String, Value>>, c: &Value) {
 
 /// Adjacent text parts of the same kind (thought or not) are one part in a non-streamed response.
 fn merge_part(parts: &mut Vec<Value>, p: &Value) {
-    let is_text = |v: &Value| v.get("text").is_some_and(Value::is_string);
     let is_thought = |v: &Value| v.get("thought").and_then(Value::as_bool).unwrap_or(false);
-    if let Some(Value::Object(last)) = parts.last_mut() {
-        let last_v = Value::Object(last.clone());
-        if is_text(p)
-            && is_text(&last_v)
-            && is_thought(p) == is_thought(&last_v)
-            && !last.contains_key("thoughtSignature")
-        {
-            if let Some(Value::String(t)) = last.get_mut("text") {
-                t.push_str(str_at(p, "text").unwrap_or(""));
-            }
-            if let Some(sig) = p.get("thoughtSignature") {
-                last.insert("thoughtSignature".into(), sig.clone());
-            }
-            return;
+    if let (Some(Value::Object(last)), Some(add)) = (parts.last_mut(), str_at(p, "text"))
+        && !last.contains_key("thoughtSignature")
+        && last.get("thought").and_then(Value::as_bool).unwrap_or(false) == is_thought(p)
+        && let Some(Value::String(t)) = last.get_mut("text")
+    {
+        t.push_str(add);
+        if let Some(sig) = p.get("thoughtSignature") {
+            last.insert("thoughtSignature".into(), sig.clone());
         }
+        return;
     }
     parts.push(p.clone());
 }

@@ -4,7 +4,7 @@
 use std::io::Read;
 use std::path::Path;
 
-use rusqlite::{Connection, OpenFlags, Row, params_from_iter, types::Value as SqlValue};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params_from_iter, types::Value as SqlValue};
 
 use super::StoreError;
 use crate::capture::{Api, ExchangeMeta, Outcome, Timings};
@@ -317,13 +317,7 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
                 [config.max_traces as i64],
                 |r| r.get(0),
             )
-            .or_else(|e| {
-                if matches!(e, rusqlite::Error::QueryReturnedNoRows) {
-                    Ok(None)
-                } else {
-                    Err(e)
-                }
-            })?;
+            .optional()?;
         cutoff_seq = cutoff_seq.max(seq);
     }
     let Some(cutoff) = cutoff_seq else { return Ok(()) };
@@ -364,13 +358,7 @@ impl Cursor {
         let v: Option<i64> = self
             .conn
             .query_row("SELECT seq FROM cursors WHERE sink = ?1", [&self.sink], |r| r.get(0))
-            .or_else(|e| {
-                if matches!(e, rusqlite::Error::QueryReturnedNoRows) {
-                    Ok(None)
-                } else {
-                    Err(e)
-                }
-            })?;
+            .optional()?;
         Ok(v.unwrap_or(0))
     }
 

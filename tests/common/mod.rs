@@ -175,6 +175,14 @@ fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// One recording by name (`anthropic_messages/pydantic-ai__thinking_stream`).
+pub fn fixture(name: &str) -> Fixture {
+    all_fixtures()
+        .into_iter()
+        .find(|f| f.name == name)
+        .unwrap_or_else(|| panic!("no fixture {name}"))
+}
+
 /// The calls of one multi-call session, in recorded order.
 pub fn session(name: &str) -> Vec<Fixture> {
     let dir = fixtures_root().join("agent_sessions").join(name);
@@ -698,6 +706,18 @@ pub async fn send(client: &Client, method: &str, url: &str, headers: &[(&str, &s
     let headers = resp.headers().clone();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     Reply { status, headers, body }
+}
+
+/// Send `body` (instead of the recorded request) through llmtap, answered with `f`'s recorded response.
+pub async fn send_body(client: &Client, tap: &Llmtap, f: &Fixture, body: Vec<u8>) -> Reply {
+    send(
+        client,
+        "POST",
+        &tap.url(&f.client_path),
+        &[("x-replay-fixture", f.name.as_str())],
+        body,
+    )
+    .await
 }
 
 /// Send a fixture's request through llmtap, naming the recording for the upstream.
