@@ -50,6 +50,12 @@ pub enum ExportFormat {
     Atif,
     /// One Invariant trace (a JSON array of OpenAI-style events, metadata first) per trajectory.
     Invariant,
+    /// TurnWise dataset: one `{"conversations": [...]}` document, a conversation per top-level trajectory.
+    Turnwise,
+    /// Letta: one line per LLM call with its Step, StepMetrics, ProviderTrace and step messages.
+    Letta,
+    /// localharness Step events (text/thought deltas, tool calls, tool results, turn ends), one per line.
+    Localharness,
 }
 
 #[derive(Debug, Subcommand)]

@@ -165,3 +165,122 @@ async fn subscriptions_filter_by_session_and_agent() {
     assert!(!steps.is_empty());
     assert!(steps.iter().all(|s| s.agent == "planner" && s.session_id == "b"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_localharness_subscription_streams_tool_calls_then_their_results() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let mut api = connect(&tap).await;
+    let mut stream = api
+        .subscribe(pb::SubscribeRequest {
+            format: "localharness".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let client = client();
+    let calls = session("pydantic-ai__anthropic_parallel_tools_agent");
+    let mut events: Vec<serde_json::Value> = Vec::new();
+    let mut next = async |events: &mut Vec<serde_json::Value>| {
+        let e = next_event(&mut stream).await;
+        match e.kind {
+            Some(pb::event::Kind::Localharness(json)) => events.push(serde_json::from_str(&json).unwrap()),
+            other => panic!("only localharness events on this subscription: {other:?}"),
+        }
+    };
+    // Call 1 asks for four tools: four TOOL_CALL events, no results yet.
+    assert_eq!(send_fixture(&client, &tap, &calls[0], &[]).await.status, 200);
+    while events.iter().filter(|e| e["tool_calls"].is_array()).count() < 4 {
+        next(&mut events).await;
+    }
+    assert!(events.iter().all(|e| e["tool_results"].is_null()));
+    assert_eq!(events[0]["source"], "SYSTEM", "the system prompt opens the stream");
+    // Call 2 carries the results: four tool-result events answering those ids, then the turn goes on.
+    assert_eq!(send_fixture(&client, &tap, &calls[1], &[]).await.status, 200);
+    while events.iter().filter(|e| e["tool_results"].is_array()).count() < 4 {
+        next(&mut events).await;
+    }
+    let called: std::collections::HashSet<&str> = events
+        .iter()
+        .filter_map(|e| e["tool_calls"][0]["id"].as_str())
+        .collect();
+    for e in events.iter().filter(|e| e["tool_results"].is_array()) {
+        assert!(called.contains(e["tool_results"][0]["id"].as_str().unwrap()));
+        assert_eq!(e["type"], "TOOL_CALL");
+        assert_eq!(e["status"], "DONE");
+    }
+    // Indexes count up within the turn without gaps or repeats.
+    let indexes: Vec<u64> = events
+        .iter()
+        .filter(|e| e["source"] != "USER")
+        .map(|e| e["step_index"].as_u64().unwrap())
+        .collect();
+    let mut sorted = indexes.clone();
+    sorted.dedup();
+    assert_eq!(indexes.len(), sorted.len(), "no repeated index: {indexes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_over_grpc_matches_the_cli() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let client = client();
+    let calls = session("pydantic-ai__two_agents_interleaved");
+    for f in &calls {
+        assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, f.status);
+    }
+    tap.wait_for_traces(calls.len());
+    let mut api = connect(&tap).await;
+    for format in ["atif", "letta", "turnwise", "localharness", "steps"] {
+        let mut stream = api
+            .export(pb::ExportRequest {
+                format: format.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = stream.message().await.unwrap() {
+            assert!(chunk.data.ends_with(b"\n"), "chunks hold whole lines");
+            bytes.extend_from_slice(&chunk.data);
+        }
+        let cli = tap.cli(&["export", "--format", format]);
+        assert!(!cli.is_empty());
+        assert_eq!(String::from_utf8(bytes).unwrap(), cli, "{format}");
+    }
+    // One session only, by trajectory id.
+    let sessions = tap.sessions_json();
+    let id = sessions[0]["trajectory_id"].as_str().unwrap();
+    let mut stream = api
+        .export(pb::ExportRequest {
+            format: "steps".into(),
+            session: id.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut n = 0;
+    while let Some(chunk) = stream.message().await.unwrap() {
+        for line in chunk.data.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let step: serde_json::Value = serde_json::from_slice(line).unwrap();
+            assert_eq!(step["trajectory_id"], id);
+            n += 1;
+        }
+    }
+    assert_eq!(n, sessions[0]["steps"].as_u64().unwrap());
+    // Bad input is a clear error, not a broken stream.
+    let err = api
+        .export(pb::ExportRequest {
+            format: "nope".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("nope"));
+}

@@ -12,6 +12,8 @@ use std::task::{Context, Poll};
 use tokio::sync::{broadcast, mpsc};
 use tonic::{Request, Response, Status};
 
+use crate::cli::ExportFormat;
+use crate::export::formats::LocalharnessStream;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::store::{StoreReader, TraceFilter};
@@ -123,6 +125,34 @@ async fn blocking<T: Send + 'static>(
 #[tonic::async_trait]
 impl pb::llm_tap_server::LlmTap for ApiService {
     type SubscribeStream = EventStream;
+    type ExportStream = ChunkStream;
+
+    async fn export(&self, request: Request<pb::ExportRequest>) -> Result<Response<ChunkStream>, Status> {
+        let req = request.into_inner();
+        let format = <ExportFormat as clap::ValueEnum>::from_str(&req.format, true)
+            .map_err(|_| Status::invalid_argument(format!("unknown export format {:?}", req.format)))?;
+        let filter = TraceFilter {
+            session: (!req.session.is_empty()).then_some(req.session),
+            since_us: parse_time(&req.since, "since")?,
+            until_us: parse_time(&req.until, "until")?,
+            limit: None,
+        };
+        let dir = self.data_dir.clone();
+        let (tx, out) = mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let mut writer = ChunkWriter {
+                buf: Vec::with_capacity(CHUNK),
+                tx: tx.clone(),
+            };
+            let result = StoreReader::open(&dir)
+                .map_err(crate::export::ExportError::from)
+                .and_then(|reader| crate::export::write_jsonl(&reader, format, &filter, &mut writer));
+            if let Err(e) = result {
+                let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+            }
+        });
+        Ok(Response::new(ChunkStream(out)))
+    }
 
     async fn subscribe(&self, request: Request<pb::SubscribeRequest>) -> Result<Response<EventStream>, Status> {
         let filter = request.into_inner();
@@ -130,6 +160,21 @@ impl pb::llm_tap_server::LlmTap for ApiService {
             (false, false) => (true, true),
             other => other,
         };
+        let localharness = match filter.format.as_str() {
+            "" => None,
+            "localharness" => Some(LocalharnessStream::default()),
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown subscription format {other:?}"
+                )));
+            }
+        };
+        let (want_steps, want_traces) = if localharness.is_some() {
+            (true, false)
+        } else {
+            (want_steps, want_traces)
+        };
+        let mut localharness = localharness;
         let mut rx = self.live.subscribe();
         let (tx, out) = mpsc::channel(256);
         tokio::spawn(async move {
@@ -149,6 +194,17 @@ impl pb::llm_tap_server::LlmTap for ApiService {
                 let msg = match event {
                     LiveEvent::Step(s) if want_steps => {
                         if !matches(&filter, s.session_id.as_deref(), &s.trajectory_id, s.agent.as_deref()) {
+                            continue;
+                        }
+                        if let Some(stream) = localharness.as_mut() {
+                            let mut events = Vec::new();
+                            stream.push(&s, |_| None, &mut events);
+                            for e in events {
+                                let kind = pb::event::Kind::Localharness(e.to_string());
+                                if tx.send(Ok(pb::Event { kind: Some(kind) })).await.is_err() {
+                                    return;
+                                }
+                            }
                             continue;
                         }
                         pb::event::Kind::Step(step_message(&s))
@@ -211,6 +267,63 @@ impl pb::llm_tap_server::LlmTap for ApiService {
             steps: steps.iter().map(step_message).collect(),
         }))
     }
+}
+
+/// Export chunks fed by the blocking export task.
+pub struct ChunkStream(mpsc::Receiver<Result<pb::ExportChunk, Status>>);
+
+impl futures_core::Stream for ChunkStream {
+    type Item = Result<pb::ExportChunk, Status>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// An `io::Write` that hands whole lines to the gRPC stream in chunks of about `CHUNK` bytes; a client that
+/// went away turns into a write error, which stops the export.
+struct ChunkWriter {
+    buf: Vec<u8>,
+    tx: mpsc::Sender<Result<pb::ExportChunk, Status>>,
+}
+
+const CHUNK: usize = 64 * 1024;
+
+impl ChunkWriter {
+    fn send(&mut self, upto: usize) -> std::io::Result<()> {
+        let rest = self.buf.split_off(upto);
+        let data = std::mem::replace(&mut self.buf, rest);
+        self.tx
+            .blocking_send(Ok(pb::ExportChunk { data }))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "export client went away"))
+    }
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK
+            && let Some(end) = self.buf.iter().rposition(|b| *b == b'\n')
+        {
+            self.send(end + 1)?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.send(self.buf.len())
+    }
+}
+
+fn parse_time(s: &str, what: &str) -> Result<Option<i64>, Status> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|d| Some(d.timestamp_micros()))
+        .map_err(|_| Status::invalid_argument(format!("{what} {s:?} is not an RFC 3339 time")))
 }
 
 /// Accepted connections as the stream tonic's server wants.

@@ -16,62 +16,155 @@ pub enum ExportError {
     Io(#[from] std::io::Error),
 }
 
-/// Write every selected record as one JSON line. Returns how many were written.
+/// Writes JSON lines, remembering the first I/O error (the store callbacks cannot return one).
+struct Lines<'a> {
+    out: &'a mut dyn Write,
+    written: u64,
+    error: Option<std::io::Error>,
+}
+
+impl Lines<'_> {
+    fn raw(&mut self, bytes: &[u8]) {
+        if self.error.is_none()
+            && let Err(e) = self.out.write_all(bytes)
+        {
+            self.error = Some(e);
+        }
+    }
+
+    fn value(&mut self, v: &serde_json::Value) {
+        if self.error.is_none()
+            && let Err(e) = serde_json::to_writer(&mut *self.out, v)
+        {
+            self.error = Some(e.into());
+        }
+    }
+
+    fn line(&mut self, v: &serde_json::Value) {
+        self.value(v);
+        self.raw(b"\n");
+        self.written += 1;
+    }
+}
+
+/// Write every selected record as one JSON line (TurnWise: one `{"conversations": [...]}` document, written
+/// one conversation at a time). Returns how many records were written.
 pub fn write_jsonl(
     reader: &StoreReader,
     format: ExportFormat,
     filter: &TraceFilter,
     out: &mut dyn Write,
 ) -> Result<u64, ExportError> {
-    let mut n = 0u64;
-    let mut io_err: Option<std::io::Error> = None;
-    let mut line = |v: &serde_json::Value| -> Result<(), StoreError> {
-        let r = serde_json::to_writer(&mut *out, v)
-            .map_err(std::io::Error::from)
-            .and_then(|_| out.write_all(b"\n"));
-        if let Err(e) = r {
-            io_err.get_or_insert(e);
-        }
-        n += 1;
-        Ok(())
+    let mut lines = Lines {
+        out,
+        written: 0,
+        error: None,
     };
     match format {
-        ExportFormat::ProviderTraces => reader.for_each_trace(filter, |t| line(&t.to_export_json()))?,
-        ExportFormat::Steps => reader.for_each_step(filter, |s| line(&serde_json::to_value(&s).unwrap_or_default()))?,
-        ExportFormat::Opentraces | ExportFormat::Atif | ExportFormat::Invariant => {
-            let all: Vec<_> = reader
-                .sessions(&TraceFilter::default())?
-                .into_iter()
-                .map(|r| r.summary)
-                .collect();
-            let selected = reader.sessions(filter)?;
-            let selected_ids: std::collections::HashSet<&str> =
-                selected.iter().map(|r| r.summary.trajectory_id.as_str()).collect();
-            for row in &selected {
-                let s = &row.summary;
-                let embedded_in_parent = s
-                    .parent_trajectory_id
-                    .as_deref()
-                    .is_some_and(|p| selected_ids.contains(p));
-                if format == ExportFormat::Atif && embedded_in_parent {
-                    continue;
-                }
-                // One trajectory (with its sub-agents for ATIF) in memory at a time.
-                let data = load_trajectory(reader, s.clone(), &all, format == ExportFormat::Atif, 0)?;
-                let v = match format {
-                    ExportFormat::Atif => formats::atif(&data),
-                    ExportFormat::Invariant => formats::invariant(&data),
-                    _ => formats::opentraces(&data),
-                };
-                line(&v)?;
-            }
-        }
+        ExportFormat::ProviderTraces => reader.for_each_trace(filter, |t| {
+            lines.line(&t.to_export_json());
+            Ok(())
+        })?,
+        ExportFormat::Steps => reader.for_each_step(filter, |s| {
+            lines.line(&serde_json::to_value(&s).unwrap_or_default());
+            Ok(())
+        })?,
+        _ => write_trajectories(reader, format, filter, &mut lines)?,
     }
-    if let Some(e) = io_err {
+    if let Some(e) = lines.error {
         return Err(e.into());
     }
-    out.flush()?;
-    Ok(n)
+    lines.out.flush()?;
+    Ok(lines.written)
+}
+
+/// Formats built per trajectory. ATIF and TurnWise embed sub-agents in their parent; the others give each
+/// trajectory its own records.
+fn write_trajectories(
+    reader: &StoreReader,
+    format: ExportFormat,
+    filter: &TraceFilter,
+    lines: &mut Lines<'_>,
+) -> Result<(), StoreError> {
+    let embeds_children = matches!(format, ExportFormat::Atif | ExportFormat::Turnwise);
+    let all: Vec<_> = reader
+        .sessions(&TraceFilter::default())?
+        .into_iter()
+        .map(|r| r.summary)
+        .collect();
+    let selected = reader.sessions(filter)?;
+    let selected_ids: std::collections::HashSet<&str> =
+        selected.iter().map(|r| r.summary.trajectory_id.as_str()).collect();
+    if format == ExportFormat::Turnwise {
+        lines.raw(b"{\"conversations\":[");
+    }
+    let mut first = true;
+    for row in &selected {
+        let s = &row.summary;
+        let embedded_in_parent = s
+            .parent_trajectory_id
+            .as_deref()
+            .is_some_and(|p| selected_ids.contains(p));
+        if embeds_children && embedded_in_parent {
+            continue;
+        }
+        // One trajectory (with its sub-agents when embedded) in memory at a time.
+        let data = load_trajectory(reader, s.clone(), &all, embeds_children, 0)?;
+        match format {
+            ExportFormat::Atif => lines.line(&formats::atif(&data)),
+            ExportFormat::Invariant => lines.line(&formats::invariant(&data)),
+            ExportFormat::Opentraces => lines.line(&formats::opentraces(&data)),
+            ExportFormat::Turnwise => {
+                if !first {
+                    lines.raw(b",");
+                }
+                lines.value(&formats::turnwise_conversation(&data));
+                lines.written += 1;
+            }
+            ExportFormat::Localharness => {
+                let handoffs = all
+                    .iter()
+                    .filter(|c| c.parent_trajectory_id.as_deref() == Some(s.trajectory_id.as_str()))
+                    .filter_map(|c| c.parent_tool_call_id.clone())
+                    .collect();
+                formats::localharness(&data, &handoffs, |e| lines.line(&e))
+            }
+            ExportFormat::Letta => {
+                let trace_id = hex(&otlp::spans::trace_id_of(root_of(&s.trajectory_id, &all)));
+                let ctx = formats::LettaContext {
+                    otel_trace_id: &trace_id,
+                };
+                // A trace that cannot be read is exported without its provider_trace rather than failing the run.
+                formats::letta(&data, &ctx, |id| reader.trace(id).ok().flatten(), |r| lines.line(&r));
+            }
+            ExportFormat::ProviderTraces | ExportFormat::Steps => {}
+        }
+        first = false;
+    }
+    if format == ExportFormat::Turnwise {
+        lines.raw(b"]}\n");
+    }
+    Ok(())
+}
+
+/// The top of a trajectory's sub-agent tree (its OTLP trace).
+fn root_of<'a>(id: &'a str, all: &'a [crate::model::step::TrajectorySummary]) -> &'a str {
+    let mut current = id;
+    for _ in 0..16 {
+        match all
+            .iter()
+            .find(|t| t.trajectory_id == current)
+            .and_then(|t| t.parent_trajectory_id.as_deref())
+        {
+            Some(p) if p != current => current = p,
+            _ => break,
+        }
+    }
+    current
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A trajectory's steps and, when `with_children`, the sub-agent trajectories it started (recursively).
