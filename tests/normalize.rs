@@ -274,3 +274,72 @@ fn response_only_chunk_recordings_reassemble() {
         }
     }
 }
+
+/// The pipeline reads item-wise requests (OpenAI Chat, Anthropic) on a fast path that memoizes conversation
+/// items and keeps the body verbatim. For every recorded interaction it must read exactly what the general
+/// path reads, on first sight and again from the memo, with the body split over several frames as hyper
+/// delivers it.
+#[test]
+fn memoized_fast_path_reads_every_fixture_like_the_general_path() {
+    use llmtap::capture::{Captured, ExchangeMeta, Outcome, RawExchange, Timings};
+    use llmtap::pipeline::process::{Processor, process};
+    let mut processor = Processor::default();
+    let mut fast = 0;
+    for f in all_fixtures() {
+        if adapter_for(f.api()).is_none() {
+            continue;
+        }
+        let thirds = f.request.len() / 3;
+        let frames = vec![
+            bytes::Bytes::copy_from_slice(&f.request[..thirds]),
+            bytes::Bytes::copy_from_slice(&f.request[thirds..2 * thirds]),
+            bytes::Bytes::copy_from_slice(&f.request[2 * thirds..]),
+        ];
+        let ex = RawExchange {
+            id: f.name.clone(),
+            upstream: std::sync::Arc::from(f.upstream),
+            api: f.api(),
+            method: f.method.clone(),
+            path: f.upstream_path.clone(),
+            status: Some(f.status),
+            request: Captured {
+                headers: vec![("content-type".into(), "application/json".into())],
+                len: f.request.len() as u64,
+                body: frames,
+                truncated: false,
+                ended: true,
+            },
+            response: Some(Captured {
+                headers: f.response_headers.clone(),
+                len: f.body.len() as u64,
+                body: vec![bytes::Bytes::from(f.body.clone())],
+                truncated: false,
+                ended: true,
+            }),
+            timings: Timings {
+                start: 1,
+                first_byte: Some(2),
+                end: 3,
+            },
+            outcome: Outcome::Complete,
+            error: None,
+            meta: ExchangeMeta::default(),
+        };
+        let general = process(ex.clone());
+        for round in 0..2 {
+            let memo = processor.process(ex.clone());
+            assert_eq!(memo.call, general.call, "{} (round {round})", f.name);
+            assert_eq!(memo.trace.model, general.trace.model, "{}", f.name);
+            match &memo.trace.request_json_text {
+                Some(raw) => {
+                    assert_eq!(raw.as_ref(), f.request.as_slice(), "{}: stored verbatim", f.name);
+                    let parsed: Value = serde_json::from_slice(raw).unwrap();
+                    assert_eq!(parsed, general.trace.request, "{}", f.name);
+                    fast += 1;
+                }
+                None => assert_eq!(memo.trace.request, general.trace.request, "{}", f.name),
+            }
+        }
+    }
+    assert!(fast >= 40, "the fast path was taken {fast} times");
+}
