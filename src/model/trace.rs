@@ -20,12 +20,8 @@ pub struct ProviderTrace {
     pub timings: Timings,
     pub request_headers: Vec<(String, String)>,
     pub response_headers: Vec<(String, String)>,
-    /// The request body as JSON (a JSON string holding the text if it was not JSON; Null if empty). Null when
-    /// `request_json_text` holds it instead.
+    /// The request body as JSON (a JSON string holding the text if it was not JSON; Null if empty).
     pub request: Value,
-    /// The request body verbatim, when it is a JSON object read on the pipeline's fast path without building
-    /// a tree (the store keeps these bytes as they were sent).
-    pub request_json_text: Option<bytes::Bytes>,
     /// The response as a non-streamed call would have returned it (Null when there was no response).
     pub response: Value,
     /// The decoded stream text exactly as received, for streamed responses.

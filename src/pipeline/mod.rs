@@ -4,7 +4,6 @@
 //! when the capture queue closes (every `CaptureTx` dropped, i.e. after the proxy drained), flushing the
 //! deriver's open trajectories first.
 
-pub mod memo;
 pub mod process;
 
 use std::sync::Arc;
@@ -30,7 +29,6 @@ pub fn spawn(
         .spawn(move || {
             run_in_background();
             let mut deriver = Deriver::new(derive);
-            let mut processor = process::Processor::default();
             let tick = Duration::from_secs(1);
             let mut last_sweep = std::time::Instant::now();
             loop {
@@ -39,7 +37,7 @@ pub fn spawn(
                 let now = crate::capture::now_micros();
                 match next {
                     Ok(ex) => {
-                        let processed = processor.process(ex);
+                        let processed = process::process(ex);
                         for e in &processed.errors {
                             metrics.process_error(e);
                         }

@@ -1,12 +1,7 @@
 //! RawExchange → ProviderTrace (+ the normalized call): decode bodies, reassemble streams, normalize.
 //! Pure functions of one exchange; run on the pipeline thread, never on the async workers.
 
-use serde_json::value::RawValue;
-use serde_json::{Map, Value};
-
-use super::memo::ItemMemo;
-use crate::capture::Api;
-use crate::provider::{ItemOut, ItemWise};
+use serde_json::Value;
 
 use crate::capture::sse::{looks_like_sse, parse_events};
 use crate::capture::{Captured, RawExchange, decode::decode_body};
@@ -71,107 +66,11 @@ fn parse_in_place(c: &Captured) -> Option<Value> {
     serde_json::from_slice(&c.body[0]).ok()
 }
 
-/// The pipeline's reader of exchanges; it remembers conversation items across calls (see `memo`).
-#[derive(Default)]
-pub struct Processor {
-    memo: ItemMemo,
-}
-
-/// A request read on the fast path: its members other than the conversation, and the conversation's items.
-struct FastRequest {
-    rest: Value,
-    items: Vec<ItemOut>,
-    /// The whole body, kept verbatim for the store.
-    body: bytes::Bytes,
-}
-
-impl Processor {
-    /// Reads an item-wise request without building a tree for the conversation: one scan for the member
-    /// boundaries, then each item from the memo or, if new, parsed and normalized. None when the body is not a
-    /// single plain JSON object frame (then the general path reads it).
-    fn fast_request(&mut self, api: Api, iw: &dyn ItemWise, c: &Captured) -> Option<FastRequest> {
-        if c.header("content-encoding")
-            .is_some_and(|e| !e.eq_ignore_ascii_case("identity"))
-            || c.truncated
-        {
-            return None;
-        }
-        // Bodies arrive in several frames more often than not; one copy joins them (cheap next to parsing).
-        let body = match c.body.as_slice() {
-            [one] => one.clone(),
-            _ => bytes::Bytes::from(c.body_bytes()),
-        };
-        let top: Vec<(String, &RawValue)> = serde_json::from_slice::<RawMembers<'_>>(&body).ok()?.0;
-        let key = iw.conversation_key();
-        let mut rest = Map::with_capacity(top.len());
-        let mut items = Vec::new();
-        for (k, raw) in top {
-            if k == key {
-                let list: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
-                items.reserve(list.len());
-                for item in list {
-                    let out = self.memo.get_or_read(api as u8, item.get().as_bytes(), || {
-                        let v: Value = serde_json::from_str(item.get()).unwrap_or(Value::Null);
-                        iw.normalize_item(&v)
-                    });
-                    items.push(out);
-                }
-            } else {
-                rest.insert(k, serde_json::from_str(raw.get()).ok()?);
-            }
-        }
-        Some(FastRequest {
-            rest: Value::Object(rest),
-            items,
-            body: body.clone(),
-        })
-    }
-
-    pub fn process(&mut self, ex: RawExchange) -> Processed {
-        let adapter = adapter_for(ex.api);
-        let fast = adapter
-            .and_then(|a| a.item_wise())
-            .and_then(|iw| Some((iw, self.fast_request(ex.api, iw, &ex.request)?)));
-        process_with(ex, fast)
-    }
-}
-
-/// A JSON object's members in order, values left unparsed.
-struct RawMembers<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de: 'a, 'a> serde::Deserialize<'de> for RawMembers<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = RawMembers<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut m: M) -> Result<Self::Value, M::Error> {
-                let mut out = Vec::with_capacity(m.size_hint().unwrap_or(8));
-                while let Some((k, v)) = m.next_entry::<String, &'de RawValue>()? {
-                    out.push((k, v));
-                }
-                Ok(RawMembers(out))
-            }
-        }
-        d.deserialize_map(Visit(std::marker::PhantomData))
-    }
-}
-
-/// One exchange without memory of earlier ones (tests, tools); the pipeline uses a [`Processor`].
 pub fn process(ex: RawExchange) -> Processed {
-    process_with(ex, None)
-}
-
-fn process_with(ex: RawExchange, fast: Option<(&dyn ItemWise, FastRequest)>) -> Processed {
     let mut errors = Vec::new();
-    let (request, request_json_text) = match &fast {
-        Some((_, f)) => (Value::Null, Some(f.body.clone())),
-        None => match parse_in_place(&ex.request) {
-            Some(v) => (v, None),
-            None => (json_or_text(&decoded_text(&ex.request, &ex.id, &mut errors)), None),
-        },
+    let request = match parse_in_place(&ex.request) {
+        Some(v) => v,
+        None => json_or_text(&decoded_text(&ex.request, &ex.id, &mut errors)),
     };
     let adapter = adapter_for(ex.api);
 
@@ -216,17 +115,14 @@ fn process_with(ex: RawExchange, fast: Option<(&dyn ItemWise, FastRequest)>) -> 
             path,
             status: ex.status,
         };
-        match fast {
-            Some((iw, f)) => iw.normalize_rest(&ctx, &f.rest, f.items, &response),
-            None => a.normalize(&ctx, &request, &response),
-        }
-        .map_err(|source| {
-            errors.push(ProcessError::Adapter {
-                id: ex.id.clone(),
-                source,
+        a.normalize(&ctx, &request, &response)
+            .map_err(|source| {
+                errors.push(ProcessError::Adapter {
+                    id: ex.id.clone(),
+                    source,
+                })
             })
-        })
-        .ok()
+            .ok()
     });
 
     let model = call
@@ -249,7 +145,6 @@ fn process_with(ex: RawExchange, fast: Option<(&dyn ItemWise, FastRequest)>) -> 
         request_headers: ex.request.headers,
         response_headers: ex.response.map(|r| r.headers).unwrap_or_default(),
         request,
-        request_json_text,
         response,
         raw_response,
         meta: ex.meta,

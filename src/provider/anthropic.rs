@@ -8,8 +8,8 @@
 use serde_json::{Map, Value, json};
 
 use super::{
-    AdapterError, CallContext, ItemOut, ItemWise, ProviderAdapter, append_str, error_from_body, join_nonempty,
-    json_events, owned_str, str_at,
+    AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events, owned_str,
+    str_at,
 };
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
@@ -137,44 +137,23 @@ impl ProviderAdapter for AnthropicMessages {
     }
 
     fn normalize(&self, ctx: &CallContext<'_>, req: &Value, resp: &Value) -> Result<NormalizedCall, AdapterError> {
-        super::normalize_item_wise(self, ctx, req, resp)
-    }
-
-    fn item_wise(&self) -> Option<&dyn ItemWise> {
-        Some(self)
-    }
-}
-
-impl ItemWise for AnthropicMessages {
-    fn conversation_key(&self) -> &'static str {
-        "messages"
-    }
-
-    fn normalize_item(&self, m: &Value) -> ItemOut {
-        let role = if str_at(m, "role") == Some("assistant") {
-            Role::Assistant
-        } else {
-            Role::User
-        };
-        ItemOut::Message(Message {
-            role,
-            parts: blocks_to_parts(m.get("content").unwrap_or(&Value::Null)),
-        })
-    }
-
-    fn normalize_rest(
-        &self,
-        ctx: &CallContext<'_>,
-        req: &Value,
-        items: Vec<ItemOut>,
-        resp: &Value,
-    ) -> Result<NormalizedCall, AdapterError> {
+        if !req.is_object() {
+            return Err(AdapterError::RequestNotObject);
+        }
         let system = match req.get("system") {
             Some(s) => Some(content_to_text(s)).filter(|s| !s.is_empty()),
             None => None,
         };
-        // Anthropic's system prompt is a top-level member; items only carry messages.
-        let (_, messages) = super::split_items(items);
+        let mut messages = Vec::new();
+        for m in req.get("messages").and_then(Value::as_array).into_iter().flatten() {
+            let role = if str_at(m, "role") == Some("assistant") {
+                Role::Assistant
+            } else {
+                Role::User
+            };
+            let parts = blocks_to_parts(m.get("content").unwrap_or(&Value::Null));
+            messages.push(Message { role, parts });
+        }
         let tools = req
             .get("tools")
             .and_then(Value::as_array)

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
-use crate::model::call::{CallError, Message, NormalizedCall};
+use crate::model::call::{CallError, NormalizedCall};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdapterError {
@@ -44,69 +44,6 @@ pub trait ProviderAdapter: Send + Sync + 'static {
         request: &Value,
         response: &Value,
     ) -> Result<NormalizedCall, AdapterError>;
-    /// Adapters whose conversation items read independently of each other expose it, so the pipeline can
-    /// memoize items across calls: an agent resends its whole history every call, and in steady state only
-    /// the last item or two are new.
-    fn item_wise(&self) -> Option<&dyn ItemWise> {
-        None
-    }
-}
-
-/// What one conversation item contributes to a normalized call.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ItemOut {
-    /// System/developer text (OpenAI puts it among the messages).
-    System(String),
-    Message(Message),
-}
-
-/// A protocol whose request carries the conversation as one array of self-contained items.
-pub trait ItemWise: Sync {
-    /// The request member holding the conversation array.
-    fn conversation_key(&self) -> &'static str;
-    /// One item, read on its own (the result must depend on nothing else).
-    fn normalize_item(&self, item: &Value) -> ItemOut;
-    /// The call from the request's other members, the items' contributions in order, and the response.
-    fn normalize_rest(
-        &self,
-        ctx: &CallContext<'_>,
-        request: &Value,
-        items: Vec<ItemOut>,
-        response: &Value,
-    ) -> Result<NormalizedCall, AdapterError>;
-}
-
-/// `normalize` for an item-wise adapter: the same two halves the memoized path uses, so both stay one code.
-pub(crate) fn normalize_item_wise(
-    adapter: &dyn ItemWise,
-    ctx: &CallContext<'_>,
-    request: &Value,
-    response: &Value,
-) -> Result<NormalizedCall, AdapterError> {
-    if !request.is_object() {
-        return Err(AdapterError::RequestNotObject);
-    }
-    let items = request
-        .get(adapter.conversation_key())
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|item| adapter.normalize_item(item))
-        .collect();
-    adapter.normalize_rest(ctx, request, items, response)
-}
-
-/// Split item contributions into system texts and messages.
-pub(crate) fn split_items(items: Vec<ItemOut>) -> (Vec<String>, Vec<Message>) {
-    let mut system = Vec::new();
-    let mut messages = Vec::with_capacity(items.len());
-    for item in items {
-        match item {
-            ItemOut::System(s) => system.push(s),
-            ItemOut::Message(m) => messages.push(m),
-        }
-    }
-    (system, messages)
 }
 
 /// The closed set of adapters.

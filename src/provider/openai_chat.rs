@@ -7,8 +7,8 @@
 use serde_json::{Map, Value, json};
 
 use super::{
-    AdapterError, CallContext, ItemOut, ItemWise, ProviderAdapter, append_str, error_from_body, join_nonempty,
-    json_events, owned_str, str_at,
+    AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events, owned_str,
+    str_at,
 };
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
@@ -130,49 +130,32 @@ impl ProviderAdapter for OpenAiChat {
     }
 
     fn normalize(&self, ctx: &CallContext<'_>, req: &Value, resp: &Value) -> Result<NormalizedCall, AdapterError> {
-        super::normalize_item_wise(self, ctx, req, resp)
-    }
-
-    fn item_wise(&self) -> Option<&dyn ItemWise> {
-        Some(self)
-    }
-}
-
-impl ItemWise for OpenAiChat {
-    fn conversation_key(&self) -> &'static str {
-        "messages"
-    }
-
-    fn normalize_item(&self, m: &Value) -> ItemOut {
-        match str_at(m, "role").unwrap_or("user") {
-            "system" | "developer" => ItemOut::System(content_to_text(m.get("content").unwrap_or(&Value::Null))),
-            "assistant" => ItemOut::Message(assistant_message(m)),
-            "tool" | "function" => ItemOut::Message(Message {
-                role: Role::Tool,
-                parts: vec![Part::ToolResult {
-                    call_id: owned_str(m, "tool_call_id")
-                        .or_else(|| owned_str(m, "name"))
-                        .unwrap_or_default(),
-                    name: owned_str(m, "name"),
-                    content: content_to_text(m.get("content").unwrap_or(&Value::Null)),
-                    is_error: false,
-                }],
-            }),
-            _ => ItemOut::Message(Message {
-                role: Role::User,
-                parts: user_parts(m.get("content").unwrap_or(&Value::Null)),
-            }),
+        if !req.is_object() {
+            return Err(AdapterError::RequestNotObject);
         }
-    }
-
-    fn normalize_rest(
-        &self,
-        ctx: &CallContext<'_>,
-        req: &Value,
-        items: Vec<ItemOut>,
-        resp: &Value,
-    ) -> Result<NormalizedCall, AdapterError> {
-        let (system, messages) = super::split_items(items);
+        let mut system = Vec::new();
+        let mut messages = Vec::new();
+        for m in req.get("messages").and_then(Value::as_array).into_iter().flatten() {
+            match str_at(m, "role").unwrap_or("user") {
+                "system" | "developer" => system.push(content_to_text(m.get("content").unwrap_or(&Value::Null))),
+                "assistant" => messages.push(assistant_message(m)),
+                "tool" | "function" => messages.push(Message {
+                    role: Role::Tool,
+                    parts: vec![Part::ToolResult {
+                        call_id: owned_str(m, "tool_call_id")
+                            .or_else(|| owned_str(m, "name"))
+                            .unwrap_or_default(),
+                        name: owned_str(m, "name"),
+                        content: content_to_text(m.get("content").unwrap_or(&Value::Null)),
+                        is_error: false,
+                    }],
+                }),
+                _ => messages.push(Message {
+                    role: Role::User,
+                    parts: user_parts(m.get("content").unwrap_or(&Value::Null)),
+                }),
+            }
+        }
         let tools = req
             .get("tools")
             .and_then(Value::as_array)

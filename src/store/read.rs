@@ -293,7 +293,6 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         response_headers: headers(row.get(18)?)?,
         meta,
         request: json(decompress(row.get(20)?)),
-        request_json_text: None,
         response: json(decompress(row.get(21)?)),
         raw_response: decompress(row.get(22)?),
         id,

@@ -143,10 +143,7 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
         "INSERT OR REPLACE INTO trace_bodies (trace_id, request, response, raw_response) VALUES (?1, ?2, ?3, ?4)",
         params![
             t.id,
-            match &t.request_json_text {
-                Some(raw) => std::str::from_utf8(raw).ok().map(compress),
-                None => body(&t.request),
-            },
+            body(&t.request),
             body(&t.response),
             t.raw_response.as_deref().map(compress)
         ],

@@ -84,42 +84,6 @@ pub fn throughput(calls: usize) {
 
 pub fn steady(calls: usize) {
     measure("steady state (12..30 messages, mean 21)", calls, 5..15);
-    split(calls, 5..15);
-}
-
-/// Where a call's time goes: parsing the request JSON, the whole of `process` (decode, parse, normalize), and
-/// derivation.
-fn split(calls: usize, turns: std::ops::Range<usize>) {
-    let per_session = turns.len();
-    let sessions = calls.div_ceil(per_session);
-    let mut t = llmtap::capture::now_micros();
-    let mut exchanges = Vec::new();
-    for turn in turns {
-        for s in 0..sessions {
-            exchanges.push(exchange(s, turn, t));
-            t += 1000;
-        }
-    }
-    let n = exchanges.len() as f64;
-    let t0 = Instant::now();
-    for ex in &exchanges {
-        let v: serde_json::Value = serde_json::from_slice(&ex.request.body[0]).unwrap_or_default();
-        std::hint::black_box(v);
-    }
-    let parse = t0.elapsed().as_secs_f64() / n * 1e6;
-    let t0 = Instant::now();
-    let mut processor = llmtap::pipeline::process::Processor::default();
-    let processed: Vec<_> = exchanges.into_iter().map(|ex| processor.process(ex)).collect();
-    let process = t0.elapsed().as_secs_f64() / n * 1e6;
-    let mut deriver = Deriver::new(DeriveConfig::default());
-    let t0 = Instant::now();
-    for p in processed {
-        std::hint::black_box(deriver.observe(p));
-    }
-    let derive = t0.elapsed().as_secs_f64() / n * 1e6;
-    println!(
-        "  per call: request parse {parse:.1} us; process (parse+normalize) {process:.1} us; derive {derive:.1} us"
-    );
 }
 
 fn measure(label: &str, calls: usize, turns: std::ops::Range<usize>) {
@@ -136,12 +100,11 @@ fn measure(label: &str, calls: usize, turns: std::ops::Range<usize>) {
     let n = exchanges.len();
     let bytes: usize = exchanges.iter().map(|e| e.request.len as usize).sum();
     let mut deriver = Deriver::new(DeriveConfig::default());
-    let mut processor = llmtap::pipeline::process::Processor::default();
     let mut per_call = Vec::with_capacity(n);
     let start = Instant::now();
     for ex in exchanges {
         let t0 = Instant::now();
-        let _records = deriver.observe(processor.process(ex));
+        let _records = deriver.observe(llmtap::pipeline::process::process(ex));
         per_call.push(t0.elapsed());
     }
     let elapsed = start.elapsed();
