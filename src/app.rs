@@ -103,7 +103,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             servers: servers.clone(),
             metrics: metrics.clone(),
         };
-        exporters.push(tokio::spawn(crate::export::otlp::run(ctx, export_stop.clone())));
+        match spawn_exporter(ctx, export_stop.clone()) {
+            Ok(handle) => exporters.push(handle),
+            Err(error) => tracing::error!(sink = %otlp.name, %error, "Cannot start the OTLP exporter thread"),
+        }
     }
 
     proxy.serve(listener, shutdown, SHUTDOWN_GRACE).await;
@@ -118,8 +121,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     let _ = threads.await;
     // Everything is in the store now; exporters drain it within their deadline.
     export_stop.cancel();
-    for e in exporters {
-        let _ = tokio::time::timeout(crate::export::otlp::FLUSH_DEADLINE * 2, e).await;
+    // Wait for them without blocking: an exporter stuck on an unreachable destination past its deadline is
+    // left behind (the process exits) rather than holding shutdown up.
+    let deadline = std::time::Instant::now() + crate::export::otlp::FLUSH_DEADLINE * 2;
+    while exporters.iter().any(|e| !e.is_finished()) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     tracing::info!(
         captured = metrics.captured.get(),
@@ -128,4 +134,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         "Stopped"
     );
     Ok(())
+}
+
+/// Each OTLP destination runs on its own thread and single-threaded runtime at background priority: reading
+/// the store, building spans, gzip and the gRPC/HTTP client never run on the proxy's workers, so a backlog
+/// being exported cannot delay a byte of live traffic.
+fn spawn_exporter(
+    ctx: crate::export::otlp::SinkContext,
+    stop: CancellationToken,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("llmtap-otlp-{}", ctx.config.name))
+        .spawn(move || {
+            crate::pipeline::run_in_background();
+            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt.block_on(crate::export::otlp::run(ctx, stop)),
+                Err(error) => tracing::error!(%error, "Cannot start the OTLP exporter runtime"),
+            }
+        })
 }

@@ -84,6 +84,41 @@ pub fn throughput(calls: usize) {
 
 pub fn steady(calls: usize) {
     measure("steady state (12..30 messages, mean 21)", calls, 5..15);
+    split(calls, 5..15);
+}
+
+/// Where a call's time goes: parsing the request JSON alone, the whole of `process` (decode, parse,
+/// normalize), and derivation, each over all calls.
+pub fn split(calls: usize, turns: std::ops::Range<usize>) {
+    let per_session = turns.len();
+    let sessions = calls.div_ceil(per_session);
+    let mut t = llmtap::capture::now_micros();
+    let mut exchanges = Vec::new();
+    for turn in turns {
+        for s in 0..sessions {
+            exchanges.push(exchange(s, turn, t));
+            t += 1000;
+        }
+    }
+    let n = exchanges.len() as f64;
+    let t0 = Instant::now();
+    for ex in &exchanges {
+        let v: serde_json::Value = serde_json::from_slice(&ex.request.body[0]).unwrap_or_default();
+        std::hint::black_box(v);
+    }
+    let parse = t0.elapsed().as_secs_f64() / n * 1e6;
+    let t0 = Instant::now();
+    let processed: Vec<_> = exchanges.into_iter().map(llmtap::pipeline::process::process).collect();
+    let process = t0.elapsed().as_secs_f64() / n * 1e6;
+    let mut deriver = Deriver::new(DeriveConfig::default());
+    let t0 = Instant::now();
+    for p in processed {
+        std::hint::black_box(deriver.observe(p));
+    }
+    let derive = t0.elapsed().as_secs_f64() / n * 1e6;
+    println!(
+        "  per call: request parse alone {parse:.1} us; process (decode, parse, normalize) {process:.1} us; derive {derive:.1} us"
+    );
 }
 
 fn measure(label: &str, calls: usize, turns: std::ops::Range<usize>) {

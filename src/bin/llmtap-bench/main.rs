@@ -23,7 +23,15 @@ fn main() {
         .find(|a| !a.starts_with("--"))
         .map(String::as_str)
         .unwrap_or("all");
-    let calls = if smoke { 2_000 } else { 100_000 };
+    // LLMTAP_BENCH_CALLS sets the derivation benches' call count (how many sessions interleave: calls / 10).
+    let calls = if smoke {
+        2_000
+    } else {
+        std::env::var("LLMTAP_BENCH_CALLS")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(100_000)
+    };
     let scale = if smoke { &proxy::SMOKE } else { &proxy::FULL };
     match mode {
         "all" => {
@@ -44,6 +52,7 @@ fn main() {
         "derive" => derive::run(calls),
         "derive-throughput" => derive::throughput(calls),
         "derive-steady" => derive::steady(calls),
+        "derive-split" => derive::split(calls, 5..15),
         other => eprintln!("unknown mode {other:?}; modes: derive, derive-throughput, all"),
     }
 }

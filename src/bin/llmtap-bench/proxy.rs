@@ -87,6 +87,19 @@ fn spawn(mut cmd: Command) -> Proc {
     Proc { child, addr }
 }
 
+/// The Prometheus text of a running llmtap's `/metrics`.
+fn metrics_text(addr: SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes());
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
 fn exe_dir() -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -105,13 +118,17 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn start_llmtap(upstream: SocketAddr, capture: bool, data_dir: &std::path::Path) -> Proc {
+/// llmtap with capture on or off; with capture on, spans and metrics go to the OTLP receiver at `otlp`.
+fn start_llmtap(upstream: SocketAddr, capture: bool, otlp: Option<SocketAddr>, data_dir: &std::path::Path) -> Proc {
     let config = data_dir.join("bench.toml");
     let _ = std::fs::create_dir_all(data_dir);
+    let export = otlp
+        .map(|a| format!("[[export.otlp]]\nname = \"bench\"\nendpoint = \"http://{a}\"\nprotocol = \"grpc\"\n"))
+        .unwrap_or_default();
     let _ = std::fs::write(
         &config,
         format!(
-            "[capture]\nenabled = {capture}\n[api]\nlisten = \"off\"\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n"
+            "[capture]\nenabled = {capture}\n[api]\nlisten = \"off\"\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n{export}"
         ),
     );
     let mut cmd = Command::new(exe_dir().join("llmtap"));
@@ -242,10 +259,35 @@ pub fn run(scale: &Scale) {
         c
     });
     let dir = std::env::temp_dir().join(format!("llmtap-bench-proxy-{}", std::process::id()));
-    let tap_off = start_llmtap(upstream.addr, false, &dir.join("off"));
-    let tap_on = start_llmtap(upstream.addr, true, &dir.join("on"));
+    let (otlp_addr, spans_received) = match super::servers::otlp_receiver() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the OTLP receiver: {e}");
+            return;
+        }
+    };
+    let tap_off = start_llmtap(upstream.addr, false, None, &dir.join("off"));
+    let tap_on = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir.join("on"));
     std::thread::sleep(Duration::from_millis(300));
     let idle_rss = rss_kib(tap_on.child.id());
+    let tap_on_addr = tap_on.addr;
+    let metric = move |name: &str| -> u64 {
+        metrics_text(tap_on_addr)
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    };
+    // Captured and dropped by the capture+store+OTLP llmtap since the last call.
+    let mut seen = (0u64, 0u64);
+    let mut capture_since = move || {
+        let now = (
+            metric("llmtap_captured_total "),
+            metric("llmtap_capture_dropped_total "),
+        );
+        let d = (now.0 - seen.0, now.1 - seen.1);
+        seen = now;
+        format!("capture kept {} exchanges, dropped {} (queue full)", d.0, d.1)
+    };
 
     let targets: [(&str, String); 4] = [
         ("direct", format!("http://{}/v1/chat/completions", upstream.addr)),
@@ -258,7 +300,7 @@ pub fn run(scale: &Scale) {
             format!("http://{}/bench/v1/chat/completions", tap_off.addr),
         ),
         (
-            "llmtap, capture+store on",
+            "llmtap, capture+store+OTLP on",
             format!("http://{}/bench/v1/chat/completions", tap_on.addr),
         ),
     ];
@@ -292,6 +334,7 @@ pub fn run(scale: &Scale) {
             direct_lat = Some(s);
         }
     }
+    println!("  (capture+store+OTLP on during this phase: {})", capture_since());
 
     println!(
         "throughput at saturation ({} connections, {} s):",
@@ -310,6 +353,10 @@ pub fn run(scale: &Scale) {
         };
         println!("  {name:<26} {:>8} req/s{vs}", fmt_rate(rps));
     }
+    println!(
+        "  (capture+store+OTLP on during this phase: {}; on 2 cores the data path keeps priority and capture sheds load)",
+        capture_since()
+    );
 
     println!(
         "streams: {} concurrent SSE streams, {} events 5 ms apart:",
@@ -358,7 +405,7 @@ pub fn run(scale: &Scale) {
     let peak = sampler.join().unwrap_or(0);
     std::thread::sleep(Duration::from_secs(2));
     let after = rss_kib(pid);
-    println!("memory (llmtap, capture+store on):");
+    println!("memory (llmtap, capture+store+OTLP on):");
     println!("  idle RSS {:.1} MiB", idle_rss as f64 / 1024.0);
     println!(
         "  {} concurrent long streams ({} completed, 100 events 50 ms apart): peak RSS {:.1} MiB (before {:.1} MiB)",
@@ -368,6 +415,23 @@ pub fn run(scale: &Scale) {
         before_long as f64 / 1024.0
     );
     println!("  after the whole run, 2 s later: RSS {:.1} MiB", after as f64 / 1024.0);
+    // What capture kept and exported: nothing is hidden behind a drop counter.
+    let drain_start = std::time::Instant::now();
+    let mut last = u64::MAX;
+    while drain_start.elapsed() < Duration::from_secs(30) {
+        let now = spans_received.load(std::sync::atomic::Ordering::Relaxed);
+        if now == last && metric("llmtap_export_lag ") == 0 {
+            break;
+        }
+        last = now;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    println!(
+        "export (llmtap, capture+store+OTLP on, whole run): {} records stored; {} spans received by the OTLP receiver; export lag {}",
+        metric("llmtap_stored_total "),
+        spans_received.load(std::sync::atomic::Ordering::Relaxed),
+        metric("llmtap_export_lag ")
+    );
     let _ = fmt_us;
     drop(targets);
     drop((tap_on, tap_off, passthrough, upstream));

@@ -168,3 +168,69 @@ pub mod tokio_stream_shim {
         Stream(rx)
     }
 }
+
+/// A local OTLP/gRPC receiver (traces and metrics) on its own thread and runtime that counts the spans it is
+/// sent. Returns its address and the running count.
+pub fn otlp_receiver() -> std::io::Result<(std::net::SocketAddr, std::sync::Arc<std::sync::atomic::AtomicU64>)> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+        MetricsService, MetricsServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::metrics::v1::{
+        ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+    use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+
+    #[derive(Clone, Default)]
+    struct Counts(Arc<AtomicU64>);
+
+    #[tonic::async_trait]
+    impl TraceService for Counts {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let spans: usize = request
+                .get_ref()
+                .resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .map(|s| s.spans.len())
+                .sum();
+            self.0.fetch_add(spans as u64, Ordering::Relaxed);
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    #[tonic::async_trait]
+    impl MetricsService for Counts {
+        async fn export(
+            &self,
+            _request: tonic::Request<ExportMetricsServiceRequest>,
+        ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+            Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+        }
+    }
+
+    let rt = runtime()?;
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let addr = listener.local_addr()?;
+    let counts = Counts::default();
+    let spans = counts.0.clone();
+    std::thread::spawn(move || {
+        let gzip = tonic::codec::CompressionEncoding::Gzip;
+        let served = rt.block_on(
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(counts.clone()).accept_compressed(gzip))
+                .add_service(MetricsServiceServer::new(counts).accept_compressed(gzip))
+                .serve_with_incoming(llmtap::api::incoming(listener)),
+        );
+        if let Err(e) = served {
+            eprintln!("otlp receiver: {e}");
+        }
+    });
+    Ok((addr, spans))
+}

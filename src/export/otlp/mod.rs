@@ -121,6 +121,9 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
         }
         let c = ctx.clone();
         let built = tokio::task::spawn_blocking(move || -> Result<(Cursor, Option<Batch>), StoreError> {
+            // Building spans (read, decompress, normalize) is capture work: it must not compete with the data
+            // path. Blocking-pool threads only run background work in llmtap, so lowering one is harmless.
+            crate::pipeline::run_in_background();
             let cursor = Cursor::open(&c.data_dir, &c.config.name)?;
             let reader = StoreReader::open(&c.data_dir)?;
             let batch = next_batch(&c, &reader, cursor.get()?)?;
