@@ -36,6 +36,7 @@ fn main() {
     match mode {
         "all" => {
             proxy::run(scale);
+            proxy::export(if smoke { 500 } else { 20_000 });
             derive::run(calls);
         }
         "proxy" => proxy::run(scale),
@@ -53,6 +54,7 @@ fn main() {
         "derive-throughput" => derive::throughput(calls),
         "derive-steady" => derive::steady(calls),
         "derive-split" => derive::split(calls, 5..15),
+        "export" => proxy::export(if smoke { 500 } else { 20_000 }),
         other => eprintln!("unknown mode {other:?}; modes: derive, derive-throughput, all"),
     }
 }

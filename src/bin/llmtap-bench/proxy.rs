@@ -437,3 +437,51 @@ pub fn run(scale: &Scale) {
     drop((tap_on, tap_off, passthrough, upstream));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Export throughput: `n` calls through llmtap (capture, store, OTLP/gRPC to a local receiver) at a rate the
+/// pipeline keeps up with, then the time until the receiver holds every chat span. Prints spans/s from the
+/// first call to the last span received, and the receiver-side rate once traffic stopped.
+pub fn export(n: usize) {
+    let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    let me = exe_dir().join("llmtap-bench");
+    let upstream = spawn({
+        let mut c = Command::new(&me);
+        c.arg("upstream");
+        c
+    });
+    let Ok((otlp_addr, spans)) = super::servers::otlp_receiver() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("llmtap-bench-export-{}", std::process::id()));
+    let tap = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir);
+    let url = format!("http://{}/bench/v1/chat/completions", tap.addr);
+    let t0 = std::time::Instant::now();
+    let _ = rt.block_on(latency(&url, n, 2000));
+    let sent = t0.elapsed();
+    let received = || spans.load(std::sync::atomic::Ordering::Relaxed) as usize;
+    let at_end_of_traffic = received();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    // Each call is a chat span; sessions of one call also close into an invoke_agent span.
+    while received() < n && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let total = t0.elapsed();
+    let after = total.saturating_sub(sent).as_secs_f64();
+    println!(
+        "export: {n} calls at 2000 req/s in {:.1} s; {} spans at the receiver when traffic stopped, {} after {:.1} s more; {:.0} spans/s overall, {:.0} spans/s after traffic stopped",
+        sent.as_secs_f64(),
+        at_end_of_traffic,
+        received(),
+        after,
+        received() as f64 / total.as_secs_f64(),
+        (received() - at_end_of_traffic) as f64 / after.max(0.001)
+    );
+    drop(tap);
+    let _ = std::fs::remove_dir_all(&dir);
+}
