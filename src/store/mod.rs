@@ -43,6 +43,20 @@ pub enum StoreError {
     FutureSchema { found: i64, supported: i64 },
 }
 
+impl StoreError {
+    /// SQLite answered "busy" or "locked": another connection held the lock past the busy timeout.
+    pub fn is_busy(&self) -> bool {
+        let sqlite = match self {
+            StoreError::Sql(e) => e,
+            _ => return false,
+        };
+        matches!(
+            sqlite.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        )
+    }
+}
+
 /// What flows into the store.
 #[derive(Debug, Clone)]
 pub enum Record {
@@ -68,12 +82,43 @@ pub fn open(data_dir: &Path) -> Result<Connection, StoreError> {
         source,
     })?;
     let setup = || -> Result<(), StoreError> {
+        // The busy timeout first: switching to WAL itself takes a lock another connection may hold.
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
         schema::migrate(&conn)?;
         Ok(())
     };
     setup()?;
     Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_lock_held_elsewhere_is_reported_as_busy() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let holder = open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        holder
+            .execute_batch("BEGIN IMMEDIATE")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let other = open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        other
+            .busy_timeout(std::time::Duration::from_millis(10))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let err = other
+            .execute("INSERT INTO cursors (sink, seq) VALUES ('x', 1)", [])
+            .map_err(StoreError::from)
+            .expect_err("the lock is held");
+        assert!(err.is_busy(), "{err}");
+        assert!(
+            !StoreError::Corrupt {
+                id: "a".into(),
+                what: "b".into()
+            }
+            .is_busy()
+        );
+    }
 }

@@ -71,7 +71,16 @@ fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics:
             }
         }
         let n = batch.len() as u64;
-        match write_batch(&mut conn, &batch) {
+        // Another connection (an exporter moving its cursor) may hold the write lock for longer than the busy
+        // timeout when the machine is saturated; waiting longer is better than losing captured records.
+        let mut result = write_batch(&mut conn, &batch);
+        for _ in 0..5 {
+            match &result {
+                Err(e) if e.is_busy() => result = write_batch(&mut conn, &batch),
+                _ => break,
+            }
+        }
+        match result {
             Ok(()) => metrics.stored.add(n),
             Err(e) => metrics.store_error(&e),
         }
