@@ -279,7 +279,7 @@ async fn replay(name: &str) -> Replayed {
     }
 }
 
-/// (step, call id) for every observation, and every tool call, of the canonical steps.
+/// How many tool calls and how many observations the canonical steps hold.
 fn canonical_calls(steps: &[&Value]) -> (usize, usize) {
     let calls = steps.iter().map(|s| s["tool_calls"].as_array().unwrap().len()).sum();
     let observations = steps.iter().map(|s| s["observations"].as_array().unwrap().len()).sum();

@@ -130,7 +130,13 @@ fn write_trajectories(
                 formats::localharness(&data, &handoffs, |e| lines.line(&e))
             }
             ExportFormat::Letta => {
-                let trace_id = hex(&otlp::spans::trace_id_of(root_of(&s.trajectory_id, &all)));
+                let root = otlp::spans::root_trajectory(&s.trajectory_id, |t| {
+                    Ok(all
+                        .iter()
+                        .find(|x| x.trajectory_id == t)
+                        .and_then(|x| x.parent_trajectory_id.clone()))
+                })?;
+                let trace_id = hex(&otlp::spans::trace_id_of(&root));
                 let ctx = formats::LettaContext {
                     otel_trace_id: &trace_id,
                 };
@@ -145,22 +151,6 @@ fn write_trajectories(
         lines.raw(b"]}\n");
     }
     Ok(())
-}
-
-/// The top of a trajectory's sub-agent tree (its OTLP trace).
-fn root_of<'a>(id: &'a str, all: &'a [crate::model::step::TrajectorySummary]) -> &'a str {
-    let mut current = id;
-    for _ in 0..16 {
-        match all
-            .iter()
-            .find(|t| t.trajectory_id == current)
-            .and_then(|t| t.parent_trajectory_id.as_deref())
-        {
-            Some(p) if p != current => current = p,
-            _ => break,
-        }
-    }
-    current
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -239,20 +239,21 @@ async fn streams(url: &str, n: usize, events: usize, delay_ms: u64) -> Vec<(Dura
     out
 }
 
+/// The fast upstream, as a child process.
+fn start_upstream() -> Proc {
+    spawn({
+        let mut c = Command::new(exe_dir().join("llmtap-bench"));
+        c.arg("upstream");
+        c
+    })
+}
+
 pub fn run(scale: &Scale) {
-    let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-    else {
+    let Ok(rt) = super::servers::runtime() else {
         return;
     };
     let me = exe_dir().join("llmtap-bench");
-    let upstream = spawn({
-        let mut c = Command::new(&me);
-        c.arg("upstream");
-        c
-    });
+    let upstream = start_upstream();
     let passthrough = spawn({
         let mut c = Command::new(&me);
         c.args(["passthrough", &upstream.addr.port().to_string()]);
@@ -442,19 +443,10 @@ pub fn run(scale: &Scale) {
 /// pipeline keeps up with, then the time until the receiver holds every chat span. Prints spans/s from the
 /// first call to the last span received, and the receiver-side rate once traffic stopped.
 pub fn export(n: usize) {
-    let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-    else {
+    let Ok(rt) = super::servers::runtime() else {
         return;
     };
-    let me = exe_dir().join("llmtap-bench");
-    let upstream = spawn({
-        let mut c = Command::new(&me);
-        c.arg("upstream");
-        c
-    });
+    let upstream = start_upstream();
     let Ok((otlp_addr, spans)) = super::servers::otlp_receiver() else {
         return;
     };

@@ -34,7 +34,8 @@ pub fn chat_request_body() -> Bytes {
     )
 }
 
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+/// One worker: the bench processes must not take more of the 2 cores than a real deployment would.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

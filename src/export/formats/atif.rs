@@ -24,12 +24,9 @@ pub fn atif(t: &TrajectoryData) -> Value {
     let mut steps: Vec<Value> = Vec::new();
     let mut last_system: Option<&str> = None;
     let child_for_call: BTreeMap<(u32, &str), &str> = t
-        .children
-        .iter()
-        .filter_map(|c| {
-            let call = c.steps.iter().find_map(|x| x.parent_tool_call_id.as_deref())?;
-            Some(((c.summary.parent_step?, call), c.summary.trajectory_id.as_str()))
-        })
+        .children_by_call()
+        .into_iter()
+        .map(|(k, c)| (k, c.summary.trajectory_id.as_str()))
         .collect();
     for st in &t.steps {
         // A system step when the system prompt first appears and whenever it changes.

@@ -51,6 +51,24 @@ struct TrajectoryState {
     usage: TurnUsage,
 }
 
+impl TrajectoryState {
+    /// A new event at the next index of the current turn.
+    fn event(&mut self, id: &str, kind: &str, source: &str, target: &str, status: &str) -> Value {
+        let index = self.step_index;
+        self.step_index += 1;
+        event(id, index, kind, source, target, status)
+    }
+
+    /// Makes `e` the turn's terminal event: complete, with the turn's usage (which then starts over) and `extra`.
+    fn end_turn(&mut self, mut e: Value, extra: Value) -> Value {
+        e["is_complete_response"] = json!(true);
+        e["usage_metadata"] = self.usage.metadata();
+        e["extra"] = extra;
+        self.usage = TurnUsage::default();
+        e
+    }
+}
+
 /// How many trajectories the live converter remembers; the oldest is forgotten first.
 const MAX_TRAJECTORIES: usize = 4096;
 
@@ -82,25 +100,13 @@ impl LocalharnessStream {
     pub fn push(&mut self, st: &Step, system_prompt: impl Fn(&str) -> Option<String>, out: &mut Vec<Value>) {
         let traj = st.trajectory_id.as_str();
         let state = self.state(traj);
-        let mut next = |state: &mut TrajectoryState| {
-            let i = state.step_index;
-            state.step_index += 1;
-            i
-        };
         let first_time = state.emitted_steps.insert(st.step_id.clone());
         if first_time {
             if let Some(h) = st.system_prompt_hash.as_deref()
                 && state.last_system.as_deref() != Some(h)
             {
                 state.last_system = Some(h.to_owned());
-                let mut e = event(
-                    &st.step_id,
-                    next(state),
-                    "SYSTEM_MESSAGE",
-                    "SYSTEM",
-                    "TARGET_UNSPECIFIED",
-                    "DONE",
-                );
+                let mut e = state.event(&st.step_id, "SYSTEM_MESSAGE", "SYSTEM", "TARGET_UNSPECIFIED", "DONE");
                 e["content"] = json!(system_prompt(h).unwrap_or_default());
                 e["extra"] = json!({"system_prompt_hash": h});
                 out.push(e);
@@ -109,30 +115,16 @@ impl LocalharnessStream {
                 StepRole::User => {
                     state.step_index = 0;
                     state.usage = TurnUsage::default();
-                    let mut e = event(
-                        &st.step_id,
-                        next(state),
-                        "TEXT_RESPONSE",
-                        "USER",
-                        "TARGET_UNSPECIFIED",
-                        "DONE",
-                    );
+                    let mut e = state.event(&st.step_id, "TEXT_RESPONSE", "USER", "TARGET_UNSPECIFIED", "DONE");
                     e["content"] = json!(st.content.clone().unwrap_or_default());
                     out.push(e);
                 }
                 StepRole::System => {
-                    let mut e = event(
-                        &st.step_id,
-                        next(state),
-                        "SYSTEM_MESSAGE",
-                        "SYSTEM",
-                        "TARGET_UNSPECIFIED",
-                        "DONE",
-                    );
+                    let mut e = state.event(&st.step_id, "SYSTEM_MESSAGE", "SYSTEM", "TARGET_UNSPECIFIED", "DONE");
                     e["content"] = json!(st.content.clone().unwrap_or_default());
                     out.push(e);
                 }
-                StepRole::Agent => Self::agent_events(state, st, &mut next, out),
+                StepRole::Agent => Self::agent_events(state, st, out),
             }
         }
         // Tool results: on first sight for an exported step, later for a live step updated by the next request.
@@ -149,14 +141,7 @@ impl LocalharnessStream {
                 .find(|c| c.tool_call_id == o.source_call_id)
                 .map_or("", |c| c.tool_name.as_str());
             let mut result = json!({"name": name, "id": o.source_call_id});
-            let mut e = event(
-                &st.step_id,
-                next(state),
-                "TOOL_CALL",
-                "MODEL",
-                "TARGET_ENVIRONMENT",
-                "DONE",
-            );
+            let mut e = state.event(&st.step_id, "TOOL_CALL", "MODEL", "TARGET_ENVIRONMENT", "DONE");
             match (&o.error, &o.content) {
                 (Some(err), content) => {
                     let msg = content.clone().unwrap_or_else(|| err.clone());
@@ -184,27 +169,16 @@ impl LocalharnessStream {
             return;
         }
         let state = self.state(&last.trajectory_id);
-        let index = state.step_index;
-        state.step_index += 1;
         let call = &last.tool_calls[0];
-        let mut e = event(&last.step_id, index, "FINISH", "MODEL", "TARGET_USER", "DONE");
+        let mut e = state.event(&last.step_id, "FINISH", "MODEL", "TARGET_USER", "DONE");
         e["content"] = json!(last.content.clone().unwrap_or_default());
         e["thinking"] = json!(last.reasoning_content.clone().unwrap_or_default());
-        e["is_complete_response"] = json!(true);
         e["structured_output"] = call.input.clone();
-        e["usage_metadata"] = state.usage.metadata();
-        e["extra"] =
-            json!({"trajectory_id": last.trajectory_id, "step_id": last.step_id, "final_tool": call.tool_name});
-        state.usage = TurnUsage::default();
-        out.push(e);
+        let extra = json!({"trajectory_id": last.trajectory_id, "step_id": last.step_id, "final_tool": call.tool_name});
+        out.push(state.end_turn(e, extra));
     }
 
-    fn agent_events(
-        state: &mut TrajectoryState,
-        st: &Step,
-        next: &mut impl FnMut(&mut TrajectoryState) -> u32,
-        out: &mut Vec<Value>,
-    ) {
+    fn agent_events(state: &mut TrajectoryState, st: &Step, out: &mut Vec<Value>) {
         let traj = st.trajectory_id.as_str();
         let u = &st.token_usage;
         state.usage.prompt = u.input_tokens;
@@ -214,26 +188,19 @@ impl LocalharnessStream {
         let thinking = st.reasoning_content.clone().unwrap_or_default();
         let content = st.content.clone().unwrap_or_default();
         if !thinking.is_empty() {
-            let mut e = event(traj, next(state), "TEXT_RESPONSE", "MODEL", "TARGET_USER", "ACTIVE");
+            let mut e = state.event(traj, "TEXT_RESPONSE", "MODEL", "TARGET_USER", "ACTIVE");
             e["thinking_delta"] = json!(thinking);
             e["is_complete_response"] = json!(false);
             out.push(e);
         }
         if !content.is_empty() {
-            let mut e = event(traj, next(state), "TEXT_RESPONSE", "MODEL", "TARGET_USER", "ACTIVE");
+            let mut e = state.event(traj, "TEXT_RESPONSE", "MODEL", "TARGET_USER", "ACTIVE");
             e["content_delta"] = json!(content);
             e["is_complete_response"] = json!(false);
             out.push(e);
         }
         for c in &st.tool_calls {
-            let mut e = event(
-                &st.step_id,
-                next(state),
-                "TOOL_CALL",
-                "MODEL",
-                "TARGET_ENVIRONMENT",
-                "DONE",
-            );
+            let mut e = state.event(&st.step_id, "TOOL_CALL", "MODEL", "TARGET_ENVIRONMENT", "DONE");
             e["tool_calls"] = json!([{"name": c.tool_name, "args": c.input, "id": c.tool_call_id}]);
             out.push(e);
         }
@@ -252,20 +219,9 @@ impl LocalharnessStream {
         if st.status != "ok" {
             // turn_error: SYSTEM→USER, terminal.
             let status = if st.status == "cancelled" { "CANCELED" } else { "ERROR" };
-            let mut e = event(
-                &st.step_id,
-                next(state),
-                "TEXT_RESPONSE",
-                "SYSTEM",
-                "TARGET_USER",
-                status,
-            );
+            let mut e = state.event(&st.step_id, "TEXT_RESPONSE", "SYSTEM", "TARGET_USER", status);
             e["error"] = json!(st.error.clone().unwrap_or_else(|| st.status.clone()));
-            e["is_complete_response"] = json!(true);
-            e["usage_metadata"] = state.usage.metadata();
-            e["extra"] = extra;
-            out.push(e);
-            state.usage = TurnUsage::default();
+            out.push(state.end_turn(e, extra));
             return;
         }
         // The `finish` tool ends a localharness turn with structured output; otherwise a call without tool
@@ -273,20 +229,16 @@ impl LocalharnessStream {
         let finish = st.tool_calls.iter().find(|c| c.tool_name == "finish");
         if st.tool_calls.is_empty() || finish.is_some() {
             let kind = if finish.is_some() { "FINISH" } else { "TEXT_RESPONSE" };
-            let mut e = event(&st.step_id, next(state), kind, "MODEL", "TARGET_USER", "DONE");
+            let mut e = state.event(&st.step_id, kind, "MODEL", "TARGET_USER", "DONE");
             e["content"] = json!(content);
             e["thinking"] = json!(thinking);
-            e["is_complete_response"] = json!(true);
             if let Some(f) = finish {
                 e["structured_output"] = f.input.clone();
                 if let Some(summary) = f.input.get("summary") {
                     e["finish_summary"] = summary.clone();
                 }
             }
-            e["usage_metadata"] = state.usage.metadata();
-            e["extra"] = extra;
-            out.push(e);
-            state.usage = TurnUsage::default();
+            out.push(state.end_turn(e, extra));
         }
     }
 }

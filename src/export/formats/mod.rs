@@ -15,6 +15,20 @@ pub struct TrajectoryData {
     pub children: Vec<TrajectoryData>,
 }
 
+impl TrajectoryData {
+    /// The sub-agents this trajectory started, by (parent step index, tool call id) of the call that started
+    /// each (ATIF references them from that call's observation; TurnWise places them after that call).
+    pub(super) fn children_by_call(&self) -> std::collections::BTreeMap<(u32, &str), &TrajectoryData> {
+        self.children
+            .iter()
+            .filter_map(|c| {
+                let call = c.steps.iter().find_map(|x| x.parent_tool_call_id.as_deref())?;
+                Some(((c.summary.parent_step?, call), c))
+            })
+            .collect()
+    }
+}
+
 pub(super) fn duration_s(a: &str, b: &str) -> Option<f64> {
     let a = chrono::DateTime::parse_from_rfc3339(a).ok()?;
     let b = chrono::DateTime::parse_from_rfc3339(b).ok()?;

@@ -85,14 +85,7 @@ impl<'a> Conversation<'a> {
     fn walk(&mut self, t: &'a TrajectoryData, top_level: bool) {
         let s = &t.summary;
         let agent = agent_name(t);
-        let children: BTreeMap<(u32, &str), &TrajectoryData> = t
-            .children
-            .iter()
-            .filter_map(|c| {
-                let call = c.steps.iter().find_map(|x| x.parent_tool_call_id.as_deref())?;
-                Some(((c.summary.parent_step?, call), c))
-            })
-            .collect();
+        let children = t.children_by_call();
         for st in &t.steps {
             // Only the top-level agent's prompt and user turns shape the conversation; a sub-agent's instructions
             // arrive as its first user text and are kept in the step meta instead.

@@ -40,6 +40,22 @@ fn digest(parts: &[&str]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The top of a trajectory's sub-agent tree, the trace it is exported in: parent links followed (at most 16
+/// levels, so a corrupt cycle cannot loop).
+pub fn root_trajectory(
+    trajectory: &str,
+    mut parent_of: impl FnMut(&str) -> Result<Option<String>, StoreError>,
+) -> Result<String, StoreError> {
+    let mut cur = trajectory.to_owned();
+    for _ in 0..16 {
+        match parent_of(&cur)? {
+            Some(p) if p != cur => cur = p,
+            _ => break,
+        }
+    }
+    Ok(cur)
+}
+
 pub fn trace_id_of(root_trajectory: &str) -> Vec<u8> {
     digest(&["trace", root_trajectory])[..16].to_vec()
 }
@@ -174,13 +190,10 @@ impl<'a> SpanBuilder<'a> {
         if let Some(r) = self.roots.get(trajectory) {
             return Ok(r.clone());
         }
-        let mut cur = trajectory.to_owned();
-        for _ in 0..16 {
-            match self.reader.trajectory(&cur)?.and_then(|t| t.parent_trajectory_id) {
-                Some(p) if p != cur => cur = p,
-                _ => break,
-            }
-        }
+        let reader = self.reader;
+        let cur = root_trajectory(trajectory, |t| {
+            Ok(reader.trajectory(t)?.and_then(|t| t.parent_trajectory_id))
+        })?;
         self.roots.insert(trajectory.to_owned(), cur.clone());
         Ok(cur)
     }
