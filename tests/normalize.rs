@@ -9,6 +9,7 @@ use common::*;
 use llmtap::capture::Api;
 use llmtap::capture::sse::parse_events;
 use llmtap::model::call::NormalizedCall;
+use llmtap::model::json::Json;
 use llmtap::provider::{CallContext, adapter_for};
 use serde_json::Value;
 
@@ -19,7 +20,8 @@ fn normalized() -> Vec<(Fixture, Value, NormalizedCall)> {
         let Some(adapter) = adapter_for(f.api()) else {
             continue;
         };
-        let request: Value = serde_json::from_slice(&f.request).unwrap();
+        // The request through the borrowed view the pipeline uses, parsed from the recorded bytes.
+        let request = Json::parse_slice(&f.request).unwrap();
         let response = match f.kind {
             BodyKind::Sse => adapter
                 .reassemble(&parse_events(&String::from_utf8(f.body.clone()).unwrap()))
@@ -32,7 +34,7 @@ fn normalized() -> Vec<(Fixture, Value, NormalizedCall)> {
             path: &path,
             status: Some(f.status),
         };
-        let call = adapter.normalize(&ctx, &request, &response).unwrap();
+        let call = adapter.normalize(&ctx, &request, &Json::from_value(&response)).unwrap();
         out.push((f, response, call));
     }
     out
@@ -211,7 +213,10 @@ fn unknown_fields_do_not_break_parsing() {
         path: "/v1/chat/completions",
         status: Some(200),
     };
-    let call = adapter.normalize(&ctx, &req, &resp).unwrap();
+    let (req, resp) = (req.to_string(), resp.to_string());
+    let call = adapter
+        .normalize(&ctx, &Json::parse(&req).unwrap(), &Json::parse(&resp).unwrap())
+        .unwrap();
     assert_eq!(call.output.text.as_deref(), Some("yo"));
     assert_eq!(call.usage.unwrap().input, 3);
     let events = parse_events(
@@ -263,7 +268,9 @@ fn response_only_chunk_recordings_reassemble() {
             path: "/v1beta/models/gemini-3-pro:streamGenerateContent",
             status: Some(200),
         };
-        let call = adapter.normalize(&ctx, &serde_json::json!({}), &body).unwrap();
+        let call = adapter
+            .normalize(&ctx, &Json::parse("{}").unwrap(), &Json::from_value(&body))
+            .unwrap();
         if file.contains("error") {
             assert!(call.error.is_some(), "{file}");
         } else {

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::json::Json;
 use super::usage::Usage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,12 +180,12 @@ pub struct NormalizedCall {
 }
 
 /// Tool arguments arrive as JSON text (OpenAI, Responses) or objects (Anthropic, Gemini); normalize to a value.
-pub fn parse_arguments(raw: &Value) -> Value {
+pub fn parse_arguments(raw: &Json<'_>) -> Value {
     match raw {
-        Value::String(s) if s.trim().is_empty() => Value::Object(Default::default()),
-        Value::String(s) => serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone())),
-        Value::Null => Value::Object(Default::default()),
-        other => other.clone(),
+        Json::String(s) if s.trim().is_empty() => Value::Object(Default::default()),
+        Json::String(s) => serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.to_string())),
+        Json::Null => Value::Object(Default::default()),
+        other => other.to_value(),
     }
 }
 
@@ -198,23 +199,24 @@ pub fn media_reference(url_or_data: &str) -> String {
 }
 
 /// Text of a tool-result content value: strings verbatim, text blocks joined, anything else as compact JSON.
-pub fn content_to_text(v: &Value) -> String {
+pub fn content_to_text(v: &Json<'_>) -> String {
     match v {
-        Value::String(s) => s.clone(),
-        Value::Array(items) => {
-            let texts: Vec<String> = items
-                .iter()
-                .map(|i| match i.get("text").and_then(Value::as_str) {
-                    Some(t) => t.to_owned(),
-                    None => match i {
-                        Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    },
-                })
-                .collect();
-            texts.join("\n")
+        Json::String(s) => s.to_string(),
+        Json::Array(items) => {
+            let mut out = String::new();
+            for (n, i) in items.iter().enumerate() {
+                if n > 0 {
+                    out.push('\n');
+                }
+                match (i.str_at("text"), i) {
+                    (Some(t), _) => out.push_str(t),
+                    (None, Json::String(s)) => out.push_str(s),
+                    (None, other) => out.push_str(&other.to_string()),
+                }
+            }
+            out
         }
-        Value::Null => String::new(),
+        Json::Null => String::new(),
         other => other.to_string(),
     }
 }

@@ -1,6 +1,7 @@
 //! The canonical model shared by adapters, derivation, the store and the exporters.
 
 pub mod call;
+pub mod json;
 pub mod step;
 pub mod trace;
 pub mod usage;

@@ -4,6 +4,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::capture::{Api, ExchangeMeta, Outcome, Timings, UnixMicros};
+use crate::model::json::JsonText;
 use crate::model::usage::Usage;
 
 #[derive(Debug, Clone)]
@@ -20,8 +21,8 @@ pub struct ProviderTrace {
     pub timings: Timings,
     pub request_headers: Vec<(String, String)>,
     pub response_headers: Vec<(String, String)>,
-    /// The request body as JSON (a JSON string holding the text if it was not JSON; Null if empty).
-    pub request: Value,
+    /// The request body as JSON text (a JSON string holding the text if it was not JSON; null if empty).
+    pub request: JsonText,
     /// The response as a non-streamed call would have returned it (Null when there was no response).
     pub response: Value,
     /// The decoded stream text exactly as received, for streamed responses.
@@ -77,7 +78,7 @@ struct TraceExport<'a> {
     usage: Option<&'a Usage>,
     #[serde(skip_serializing_if = "Option::is_none")]
     trajectory_id: Option<&'a str>,
-    request: &'a Value,
+    request: &'a JsonText,
     response: &'a Value,
     headers: Value,
     metadata: &'a ExchangeMeta,

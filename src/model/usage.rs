@@ -45,7 +45,7 @@ impl Usage {
 }
 
 /// Read a non-negative integer field; providers sometimes send null.
-pub fn u64_at(v: &serde_json::Value, path: &[&str]) -> Option<u64> {
+pub fn u64_at(v: &super::json::Json<'_>, path: &[&str]) -> Option<u64> {
     let mut cur = v;
     for key in path {
         cur = cur.get(key)?;

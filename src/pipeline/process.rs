@@ -1,11 +1,13 @@
 //! RawExchange → ProviderTrace (+ the normalized call): decode bodies, reassemble streams, normalize.
 //! Pure functions of one exchange; run on the pipeline thread, never on the async workers.
 
+use bytes::Bytes;
 use serde_json::Value;
 
 use crate::capture::sse::{looks_like_sse, parse_events};
 use crate::capture::{Captured, RawExchange, decode::decode_body};
 use crate::model::call::NormalizedCall;
+use crate::model::json::{Json, JsonText};
 use crate::model::trace::ProviderTrace;
 use crate::provider::{CallContext, adapter_for};
 
@@ -55,22 +57,29 @@ fn json_or_text(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
 }
 
-/// The common case without copying: one uncompressed frame that is valid JSON.
-fn parse_in_place(c: &Captured) -> Option<Value> {
-    if c.header("content-encoding")
-        .is_some_and(|e| !e.eq_ignore_ascii_case("identity"))
-        || c.body.len() != 1
-    {
-        return None;
+/// The body as one buffer: the captured frame itself when it is a single uncompressed one (no copy), else the
+/// frames decoded and joined.
+fn body_buffer(c: &Captured, id: &str, errors: &mut Vec<ProcessError>) -> Bytes {
+    let identity = c
+        .header("content-encoding")
+        .is_none_or(|e| e.eq_ignore_ascii_case("identity"));
+    if identity && c.body.len() == 1 {
+        return c.body[0].clone();
     }
-    serde_json::from_slice(&c.body[0]).ok()
+    Bytes::from(decoded_text(c, id, errors))
 }
 
 pub fn process(ex: RawExchange) -> Processed {
     let mut errors = Vec::new();
-    let request = match parse_in_place(&ex.request) {
-        Some(v) => v,
-        None => json_or_text(&decoded_text(&ex.request, &ex.id, &mut errors)),
+    let request_body = body_buffer(&ex.request, &ex.id, &mut errors);
+    // The request is read through a borrowed view and kept as its own text: no `Value` tree is built for it.
+    let (request_view, request) = match JsonText::parse(&request_body) {
+        Some(parsed) => parsed,
+        None => {
+            let text = String::from_utf8_lossy(&request_body);
+            let v = json_or_text(&text);
+            (Json::from_value(&Value::Null), JsonText::from_value(&v))
+        }
     };
     let adapter = adapter_for(ex.api);
 
@@ -115,7 +124,7 @@ pub fn process(ex: RawExchange) -> Processed {
             path,
             status: ex.status,
         };
-        a.normalize(&ctx, &request, &response)
+        a.normalize(&ctx, &request_view, &Json::from_value(&response))
             .map_err(|source| {
                 errors.push(ProcessError::Adapter {
                     id: ex.id.clone(),
@@ -128,7 +137,8 @@ pub fn process(ex: RawExchange) -> Processed {
     let model = call
         .as_ref()
         .and_then(|c| c.model_response.clone().or_else(|| c.model_requested.clone()))
-        .or_else(|| request.get("model").and_then(Value::as_str).map(str::to_owned));
+        .or_else(|| request_view.owned_str("model"));
+    drop(request_view);
     let trace = ProviderTrace {
         id: ex.id,
         upstream: ex.upstream.to_string(),

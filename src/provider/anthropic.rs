@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::{
     AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events, owned_str,
-    str_at,
+    str_at, value_str,
 };
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
@@ -17,6 +17,7 @@ use crate::model::call::{
     FinishReason, Message, NormalizedCall, Output, Part, Role, ToolCall, ToolDef, content_to_text, media_reference,
     parse_arguments,
 };
+use crate::model::json::Json;
 use crate::model::usage::{Usage, u64_at};
 
 pub struct AnthropicMessages;
@@ -33,7 +34,7 @@ impl ProviderAdapter for AnthropicMessages {
         let mut partial_json: Vec<Option<String>> = Vec::new();
         let mut error: Option<Value> = None;
         for (event, ev) in json_events(events) {
-            let kind = str_at(&ev, "type").or(event).unwrap_or("");
+            let kind = value_str(&ev, "type").or(event).unwrap_or("");
             let index = ev.get("index").and_then(Value::as_u64).map(|i| i as usize);
             match kind {
                 "message_start" => {
@@ -57,9 +58,9 @@ impl ProviderAdapter for AnthropicMessages {
                     let Some(Value::Object(block)) = blocks.get_mut(i) else {
                         continue;
                     };
-                    match str_at(delta, "type").unwrap_or("") {
-                        "text_delta" => append_str(block, "text", str_at(delta, "text").unwrap_or("")),
-                        "thinking_delta" => append_str(block, "thinking", str_at(delta, "thinking").unwrap_or("")),
+                    match value_str(delta, "type").unwrap_or("") {
+                        "text_delta" => append_str(block, "text", value_str(delta, "text").unwrap_or("")),
+                        "thinking_delta" => append_str(block, "thinking", value_str(delta, "thinking").unwrap_or("")),
                         "signature_delta" => {
                             block.insert(
                                 "signature".into(),
@@ -69,7 +70,7 @@ impl ProviderAdapter for AnthropicMessages {
                         "input_json_delta" => {
                             let slot = &mut partial_json[i];
                             slot.get_or_insert_with(String::new)
-                                .push_str(str_at(delta, "partial_json").unwrap_or(""));
+                                .push_str(value_str(delta, "partial_json").unwrap_or(""));
                         }
                         "citations_delta" => {
                             if let Some(c) = delta.get("citation") {
@@ -136,7 +137,12 @@ impl ProviderAdapter for AnthropicMessages {
         Ok(Value::Object(m))
     }
 
-    fn normalize(&self, ctx: &CallContext<'_>, req: &Value, resp: &Value) -> Result<NormalizedCall, AdapterError> {
+    fn normalize(
+        &self,
+        ctx: &CallContext<'_>,
+        req: &Json<'_>,
+        resp: &Json<'_>,
+    ) -> Result<NormalizedCall, AdapterError> {
         if !req.is_object() {
             return Err(AdapterError::RequestNotObject);
         }
@@ -145,32 +151,32 @@ impl ProviderAdapter for AnthropicMessages {
             None => None,
         };
         let mut messages = Vec::new();
-        for m in req.get("messages").and_then(Value::as_array).into_iter().flatten() {
+        for m in req.get("messages").and_then(Json::as_array).into_iter().flatten() {
             let role = if str_at(m, "role") == Some("assistant") {
                 Role::Assistant
             } else {
                 Role::User
             };
-            let parts = blocks_to_parts(m.get("content").unwrap_or(&Value::Null));
+            let parts = blocks_to_parts(m.field("content"));
             messages.push(Message { role, parts });
         }
         let tools = req
             .get("tools")
-            .and_then(Value::as_array)
+            .and_then(Json::as_array)
             .into_iter()
             .flatten()
             .filter_map(|t| {
                 Some(ToolDef {
                     name: owned_str(t, "name").or_else(|| owned_str(t, "type"))?,
                     description: owned_str(t, "description"),
-                    parameters: t.get("input_schema").cloned(),
+                    parameters: t.get("input_schema").map(Json::to_value),
                 })
             })
             .collect();
 
         let mut output = Output::default();
         let mut reasoning = Vec::new();
-        for b in resp.get("content").and_then(Value::as_array).into_iter().flatten() {
+        for b in resp.get("content").and_then(Json::as_array).into_iter().flatten() {
             match str_at(b, "type").unwrap_or("") {
                 "text" => output
                     .text
@@ -196,7 +202,7 @@ impl ProviderAdapter for AnthropicMessages {
                 _ => FinishReason::Other,
             })
         };
-        let raw_usage = resp.get("usage").filter(|u| u.is_object()).cloned();
+        let usage = resp.get("usage").filter(|u| u.is_object());
         Ok(NormalizedCall {
             model_requested: owned_str(req, "model"),
             model_response: owned_str(resp, "model"),
@@ -207,10 +213,10 @@ impl ProviderAdapter for AnthropicMessages {
             output,
             finish_reason,
             provider_finish_reason: provider_finish,
-            usage: raw_usage.as_ref().map(usage_of),
-            raw_usage,
+            usage: usage.map(usage_of),
+            raw_usage: usage.map(Json::to_value),
             error,
-            max_output_tokens: req.get("max_tokens").and_then(Value::as_u64),
+            max_output_tokens: req.get("max_tokens").and_then(Json::as_u64),
             previous_response_id: None,
             conversation_id: None,
         })
@@ -231,19 +237,19 @@ fn finish_tool_input(blocks: &mut [Value], partial_json: &mut [Option<String>], 
     }
 }
 
-fn tool_call_of(b: &Value) -> ToolCall {
+fn tool_call_of(b: &Json<'_>) -> ToolCall {
     ToolCall {
         id: owned_str(b, "id").unwrap_or_default(),
         name: owned_str(b, "name").unwrap_or_default(),
-        arguments: parse_arguments(b.get("input").unwrap_or(&Value::Null)),
+        arguments: parse_arguments(b.field("input")),
     }
 }
 
 /// Anthropic content (string or blocks) → parts. Cache-control markers and signatures are dropped.
-fn blocks_to_parts(content: &Value) -> Vec<Part> {
+fn blocks_to_parts(content: &Json<'_>) -> Vec<Part> {
     match content {
-        Value::String(s) => vec![Part::Text { text: s.clone() }],
-        Value::Array(blocks) => blocks
+        Json::String(s) => vec![Part::Text { text: s.to_string() }],
+        Json::Array(blocks) => blocks
             .iter()
             .filter_map(|b| match str_at(b, "type").unwrap_or("") {
                 "text" => Some(Part::Text {
@@ -256,8 +262,8 @@ fn blocks_to_parts(content: &Value) -> Vec<Part> {
                 "tool_result" | "mcp_tool_result" => Some(Part::ToolResult {
                     call_id: owned_str(b, "tool_use_id").unwrap_or_default(),
                     name: None,
-                    content: content_to_text(b.get("content").unwrap_or(&Value::Null)),
-                    is_error: b.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+                    content: content_to_text(b.field("content")),
+                    is_error: b.get("is_error").and_then(Json::as_bool).unwrap_or(false),
                 }),
                 kind @ ("image" | "document") => {
                     let src = b.get("source");
@@ -277,7 +283,7 @@ fn blocks_to_parts(content: &Value) -> Vec<Part> {
     }
 }
 
-fn usage_of(u: &Value) -> Usage {
+fn usage_of(u: &Json<'_>) -> Usage {
     let base = u64_at(u, &["input_tokens"]).unwrap_or(0);
     let cache_read = u64_at(u, &["cache_read_input_tokens"]);
     let cache_write = u64_at(u, &["cache_creation_input_tokens"]);

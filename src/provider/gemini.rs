@@ -10,18 +10,20 @@ use serde_json::{Map, Value, json};
 
 use super::{
     AdapterError, CallContext, ProviderAdapter, error_from_body, join_nonempty, json_events, owned_str, str_at,
+    value_str,
 };
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
 use crate::model::call::{
     FinishReason, Message, NormalizedCall, Output, Part, Role, ToolCall, ToolDef, content_to_text, media_reference,
 };
+use crate::model::json::Json;
 use crate::model::usage::{Usage, u64_at};
 
 pub struct Gemini;
 
 /// camelCase or snake_case field (the REST API accepts both on input).
-fn field<'a>(v: &'a Value, camel: &str, snake: &str) -> Option<&'a Value> {
+fn field<'a, 'j>(v: &'a Json<'j>, camel: &str, snake: &str) -> Option<&'a Json<'j>> {
     v.get(camel).or_else(|| v.get(snake))
 }
 
@@ -72,29 +74,26 @@ impl ProviderAdapter for Gemini {
         Ok(Value::Object(ordered))
     }
 
-    fn normalize(&self, ctx: &CallContext<'_>, req: &Value, resp: &Value) -> Result<NormalizedCall, AdapterError> {
+    fn normalize(
+        &self,
+        ctx: &CallContext<'_>,
+        req: &Json<'_>,
+        resp: &Json<'_>,
+    ) -> Result<NormalizedCall, AdapterError> {
         if !req.is_object() {
             return Err(AdapterError::RequestNotObject);
         }
         let system = field(req, "systemInstruction", "system_instruction")
             .map(|s| parts_text(s.get("parts").unwrap_or(s)))
             .filter(|s| !s.is_empty());
-        let contents: &[Value] = req
-            .get("contents")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
+        let contents: &[Json<'_>] = req.get("contents").and_then(Json::as_array).unwrap_or(&[]);
         let mut messages: Vec<Message> = Vec::new();
         for (i, c) in contents.iter().enumerate() {
             let role = match str_at(c, "role") {
                 Some("model") => Role::Assistant,
                 _ => Role::User,
             };
-            let parts = c
-                .get("parts")
-                .and_then(Value::as_array)
-                .map(Vec::as_slice)
-                .unwrap_or(&[]);
+            let parts = c.get("parts").and_then(Json::as_array).unwrap_or(&[]);
             let mut out = Vec::new();
             let mut call_n = 0;
             for p in parts {
@@ -106,12 +105,12 @@ impl ProviderAdapter for Gemini {
                     let call_id = owned_str(fr, "id")
                         .or_else(|| match_function_response(&messages, &out, &name))
                         .unwrap_or_else(|| format!("gemini:{name}"));
-                    let response = fr.get("response").cloned().unwrap_or(Value::Null);
+                    let response = fr.field("response");
                     let is_error = response.get("error").is_some_and(|e| !e.is_null());
                     out.push(Part::ToolResult {
                         call_id,
                         name: Some(name),
-                        content: content_to_text(&response),
+                        content: content_to_text(response),
                         is_error,
                     });
                 } else if let Some(part) = content_part(p) {
@@ -122,18 +121,21 @@ impl ProviderAdapter for Gemini {
         }
         let tools = req
             .get("tools")
-            .and_then(Value::as_array)
+            .and_then(Json::as_array)
             .into_iter()
             .flatten()
             .flat_map(
-                |t| match field(t, "functionDeclarations", "function_declarations").and_then(Value::as_array) {
+                |t| match field(t, "functionDeclarations", "function_declarations").and_then(Json::as_array) {
                     Some(decls) => decls
                         .iter()
                         .filter_map(|d| {
                             Some(ToolDef {
                                 name: owned_str(d, "name")?,
                                 description: owned_str(d, "description"),
-                                parameters: d.get("parameters").or_else(|| d.get("parametersJsonSchema")).cloned(),
+                                parameters: d
+                                    .get("parameters")
+                                    .or_else(|| d.get("parametersJsonSchema"))
+                                    .map(Json::to_value),
                             })
                         })
                         .collect::<Vec<_>>(),
@@ -141,9 +143,9 @@ impl ProviderAdapter for Gemini {
                     None => t
                         .as_object()
                         .into_iter()
-                        .flat_map(|o| o.keys())
-                        .map(|k| ToolDef {
-                            name: k.clone(),
+                        .flat_map(|o| o.iter())
+                        .map(|(k, _)| ToolDef {
+                            name: k.to_string(),
                             description: None,
                             parameters: None,
                         })
@@ -152,7 +154,7 @@ impl ProviderAdapter for Gemini {
             )
             .collect();
 
-        let candidate = resp.get("candidates").and_then(|c| c.get(0));
+        let candidate = resp.get("candidates").and_then(|c| c.at(0));
         let mut output = Output::default();
         let mut text = Vec::new();
         let mut reasoning = Vec::new();
@@ -160,7 +162,7 @@ impl ProviderAdapter for Gemini {
         for p in candidate
             .and_then(|c| c.get("content"))
             .and_then(|c| c.get("parts"))
-            .and_then(Value::as_array)
+            .and_then(Json::as_array)
             .into_iter()
             .flatten()
         {
@@ -168,7 +170,7 @@ impl ProviderAdapter for Gemini {
                 output.tool_calls.push(function_call(fc, contents.len(), call_n));
                 call_n += 1;
             } else if let Some(t) = str_at(p, "text") {
-                if p.get("thought").and_then(Value::as_bool).unwrap_or(false) {
+                if p.get("thought").and_then(Json::as_bool).unwrap_or(false) {
                     reasoning.push(t.to_owned());
                 } else {
                     text.push(t.to_owned());
@@ -194,7 +196,7 @@ impl ProviderAdapter for Gemini {
                 _ => FinishReason::Other,
             })
         };
-        let raw_usage = resp.get("usageMetadata").filter(|u| u.is_object()).cloned();
+        let usage = resp.get("usageMetadata").filter(|u| u.is_object());
         let gen_config = field(req, "generationConfig", "generation_config");
         Ok(NormalizedCall {
             model_requested: model_from_path(ctx.path).or_else(|| owned_str(req, "model")),
@@ -206,12 +208,12 @@ impl ProviderAdapter for Gemini {
             output,
             finish_reason,
             provider_finish_reason: provider_finish,
-            usage: raw_usage.as_ref().map(usage_of),
-            raw_usage,
+            usage: usage.map(usage_of),
+            raw_usage: usage.map(Json::to_value),
             error,
             max_output_tokens: gen_config
                 .and_then(|g| field(g, "maxOutputTokens", "max_output_tokens"))
-                .and_then(Value::as_u64),
+                .and_then(Json::as_u64),
             previous_response_id: None,
             conversation_id: None,
         })
@@ -226,12 +228,12 @@ fn model_from_path(path: &str) -> Option<String> {
     (!model.is_empty()).then(|| model.to_owned())
 }
 
-fn function_call(fc: &Value, message_index: usize, n: usize) -> ToolCall {
+fn function_call(fc: &Json<'_>, message_index: usize, n: usize) -> ToolCall {
     let name = owned_str(fc, "name").unwrap_or_default();
     ToolCall {
         id: owned_str(fc, "id").unwrap_or_else(|| format!("gemini:{message_index}:{n}")),
         name,
-        arguments: fc.get("args").cloned().unwrap_or_else(|| json!({})),
+        arguments: fc.get("args").map_or_else(|| json!({}), Json::to_value),
     }
 }
 
@@ -256,9 +258,9 @@ fn match_function_response(messages: &[Message], current: &[Part], name: &str) -
         .map(|c| c.id.clone())
 }
 
-fn content_part(p: &Value) -> Option<Part> {
+fn content_part(p: &Json<'_>) -> Option<Part> {
     if let Some(t) = str_at(p, "text") {
-        return Some(if p.get("thought").and_then(Value::as_bool).unwrap_or(false) {
+        return Some(if p.get("thought").and_then(Json::as_bool).unwrap_or(false) {
             Part::Reasoning { text: t.to_owned() }
         } else {
             Part::Text { text: t.to_owned() }
@@ -268,32 +270,32 @@ fn content_part(p: &Value) -> Option<Part> {
         return Some(Part::Media {
             reference: media_reference(str_at(d, "data").unwrap_or("")),
             media_type: field(d, "mimeType", "mime_type")
-                .and_then(Value::as_str)
+                .and_then(Json::as_str)
                 .map(str::to_owned),
         });
     }
     if let Some(d) = field(p, "fileData", "file_data") {
         return Some(Part::Media {
             reference: field(d, "fileUri", "file_uri")
-                .and_then(Value::as_str)
+                .and_then(Json::as_str)
                 .unwrap_or("")
                 .to_owned(),
             media_type: field(d, "mimeType", "mime_type")
-                .and_then(Value::as_str)
+                .and_then(Json::as_str)
                 .map(str::to_owned),
         });
     }
     None
 }
 
-fn parts_text(parts: &Value) -> String {
+fn parts_text(parts: &Json<'_>) -> String {
     match parts {
-        Value::Array(ps) => ps
+        Json::Array(ps) => ps
             .iter()
             .filter_map(|p| str_at(p, "text"))
             .collect::<Vec<_>>()
             .join("\n"),
-        Value::String(s) => s.clone(),
+        Json::String(s) => s.to_string(),
         other => str_at(other, "text").unwrap_or("").to_owned(),
     }
 }
@@ -327,7 +329,7 @@ fn merge_candidate(candidates: &mut Vec<Map<String, Value>>, c: &Value) {
 /// Adjacent text parts of the same kind (thought or not) are one part in a non-streamed response.
 fn merge_part(parts: &mut Vec<Value>, p: &Value) {
     let is_thought = |v: &Value| v.get("thought").and_then(Value::as_bool).unwrap_or(false);
-    if let (Some(Value::Object(last)), Some(add)) = (parts.last_mut(), str_at(p, "text"))
+    if let (Some(Value::Object(last)), Some(add)) = (parts.last_mut(), value_str(p, "text"))
         && !last.contains_key("thoughtSignature")
         && last.get("thought").and_then(Value::as_bool).unwrap_or(false) == is_thought(p)
         && let Some(Value::String(t)) = last.get_mut("text")
@@ -341,7 +343,7 @@ fn merge_part(parts: &mut Vec<Value>, p: &Value) {
     parts.push(p.clone());
 }
 
-fn usage_of(u: &Value) -> Usage {
+fn usage_of(u: &Json<'_>) -> Usage {
     let thoughts = u64_at(u, &["thoughtsTokenCount"]);
     Usage {
         input: u64_at(u, &["promptTokenCount"]).unwrap_or(0) + u64_at(u, &["toolUsePromptTokenCount"]).unwrap_or(0),

@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
 use crate::model::call::{CallError, NormalizedCall};
+use crate::model::json::Json;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdapterError {
@@ -37,12 +38,13 @@ pub trait ProviderAdapter: Send + Sync + 'static {
     /// Rebuild the response JSON a non-streamed call would have returned. A mid-stream error is kept as a
     /// top-level `error` member next to whatever was generated before it.
     fn reassemble(&self, events: &[SseEvent]) -> Result<Value, AdapterError>;
-    /// Read the call. `response` is Null when there was none (upstream unreachable).
+    /// Read the call. `response` is Null when there was none (upstream unreachable). Both bodies are borrowed
+    /// views (see `model::json`): normalization copies only what the normalized call keeps.
     fn normalize(
         &self,
         ctx: &CallContext<'_>,
-        request: &Value,
-        response: &Value,
+        request: &Json<'_>,
+        response: &Json<'_>,
     ) -> Result<NormalizedCall, AdapterError>;
 }
 
@@ -72,11 +74,16 @@ pub(crate) fn json_events(events: &[SseEvent]) -> impl Iterator<Item = (Option<&
     })
 }
 
-pub(crate) fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+/// A string member of a JSON value being reassembled.
+pub(crate) fn value_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(Value::as_str)
 }
 
-pub(crate) fn owned_str(v: &Value, key: &str) -> Option<String> {
+pub(crate) fn str_at<'a>(v: &'a Json<'_>, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Json::as_str)
+}
+
+pub(crate) fn owned_str(v: &Json<'_>, key: &str) -> Option<String> {
     str_at(v, key).map(str::to_owned)
 }
 
@@ -91,21 +98,21 @@ pub(crate) fn append_str(obj: &mut Map<String, Value>, key: &str, add: &str) {
 }
 
 /// `{"error": {"type"|"code"|"status": .., "message": ..}}` → CallError; also a bare error object.
-pub(crate) fn error_from_body(body: &Value, status: Option<u16>) -> Option<CallError> {
+pub(crate) fn error_from_body(body: &Json<'_>, status: Option<u16>) -> Option<CallError> {
     let err = body.get("error").filter(|e| !e.is_null());
     match err {
         Some(e) => {
             let kind = ["type", "code", "status"]
                 .iter()
-                .find_map(|k| match e.get(*k) {
-                    Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-                    Some(Value::Number(n)) => Some(n.to_string()),
+                .find_map(|k| match e.get(k) {
+                    Some(Json::String(s)) if !s.is_empty() => Some(s.to_string()),
+                    Some(Json::Number(n)) => Some(n.to_string()),
                     _ => None,
                 })
                 .or_else(|| status.map(|s| format!("http_{s}")))
                 .unwrap_or_else(|| "error".to_owned());
             let message = match e {
-                Value::String(s) => s.clone(),
+                Json::String(s) => s.to_string(),
                 _ => str_at(e, "message").map(str::to_owned).unwrap_or_else(|| e.to_string()),
             };
             Some(CallError { kind, message })

@@ -16,6 +16,7 @@ use crate::model::call::{
     FinishReason, Message, NormalizedCall, Output, Part, Role, ToolCall, ToolDef, content_to_text, media_reference,
     parse_arguments,
 };
+use crate::model::json::Json;
 use crate::model::usage::{Usage, u64_at};
 
 pub struct OpenAiChat;
@@ -129,15 +130,20 @@ impl ProviderAdapter for OpenAiChat {
         Ok(Value::Object(ordered))
     }
 
-    fn normalize(&self, ctx: &CallContext<'_>, req: &Value, resp: &Value) -> Result<NormalizedCall, AdapterError> {
+    fn normalize(
+        &self,
+        ctx: &CallContext<'_>,
+        req: &Json<'_>,
+        resp: &Json<'_>,
+    ) -> Result<NormalizedCall, AdapterError> {
         if !req.is_object() {
             return Err(AdapterError::RequestNotObject);
         }
         let mut system = Vec::new();
         let mut messages = Vec::new();
-        for m in req.get("messages").and_then(Value::as_array).into_iter().flatten() {
+        for m in req.get("messages").and_then(Json::as_array).into_iter().flatten() {
             match str_at(m, "role").unwrap_or("user") {
-                "system" | "developer" => system.push(content_to_text(m.get("content").unwrap_or(&Value::Null))),
+                "system" | "developer" => system.push(content_to_text(m.field("content"))),
                 "assistant" => messages.push(assistant_message(m)),
                 "tool" | "function" => messages.push(Message {
                     role: Role::Tool,
@@ -146,33 +152,33 @@ impl ProviderAdapter for OpenAiChat {
                             .or_else(|| owned_str(m, "name"))
                             .unwrap_or_default(),
                         name: owned_str(m, "name"),
-                        content: content_to_text(m.get("content").unwrap_or(&Value::Null)),
+                        content: content_to_text(m.field("content")),
                         is_error: false,
                     }],
                 }),
                 _ => messages.push(Message {
                     role: Role::User,
-                    parts: user_parts(m.get("content").unwrap_or(&Value::Null)),
+                    parts: user_parts(m.field("content")),
                 }),
             }
         }
         let tools = req
             .get("tools")
-            .and_then(Value::as_array)
+            .and_then(Json::as_array)
             .into_iter()
             .flatten()
             .filter_map(|t| t.get("function"))
-            .chain(req.get("functions").and_then(Value::as_array).into_iter().flatten())
+            .chain(req.get("functions").and_then(Json::as_array).into_iter().flatten())
             .filter_map(|f| {
                 Some(ToolDef {
                     name: owned_str(f, "name")?,
                     description: owned_str(f, "description"),
-                    parameters: f.get("parameters").cloned(),
+                    parameters: f.get("parameters").map(Json::to_value),
                 })
             })
             .collect();
 
-        let choice = resp.get("choices").and_then(|c| c.get(0));
+        let choice = resp.get("choices").and_then(|c| c.at(0));
         let message = choice.and_then(|c| c.get("message"));
         let output = message.map(output_of).unwrap_or_default();
         let provider_finish = choice.and_then(|c| owned_str(c, "finish_reason"));
@@ -181,7 +187,7 @@ impl ProviderAdapter for OpenAiChat {
             .as_deref()
             .map(map_finish_reason)
             .or(error.as_ref().map(|_| FinishReason::Error));
-        let raw_usage = resp.get("usage").filter(|u| u.is_object()).cloned();
+        let usage = resp.get("usage").filter(|u| u.is_object());
         Ok(NormalizedCall {
             model_requested: owned_str(req, "model"),
             model_response: owned_str(resp, "model"),
@@ -192,13 +198,13 @@ impl ProviderAdapter for OpenAiChat {
             output,
             finish_reason,
             provider_finish_reason: provider_finish,
-            usage: raw_usage.as_ref().map(usage_of),
-            raw_usage,
+            usage: usage.map(usage_of),
+            raw_usage: usage.map(Json::to_value),
             error,
             max_output_tokens: req
                 .get("max_completion_tokens")
-                .and_then(Value::as_u64)
-                .or_else(|| req.get("max_tokens").and_then(Value::as_u64)),
+                .and_then(Json::as_u64)
+                .or_else(|| req.get("max_tokens").and_then(Json::as_u64)),
             previous_response_id: None,
             conversation_id: None,
         })
@@ -261,9 +267,9 @@ fn merge_tool_call_deltas(calls: &mut Vec<Map<String, Value>>, deltas: &[Value])
     }
 }
 
-fn user_parts(content: &Value) -> Vec<Part> {
+fn user_parts(content: &Json<'_>) -> Vec<Part> {
     match content {
-        Value::Array(parts) => parts
+        Json::Array(parts) => parts
             .iter()
             .filter_map(|p| match str_at(p, "type") {
                 Some("text") | Some("input_text") => Some(Part::Text {
@@ -273,7 +279,7 @@ fn user_parts(content: &Value) -> Vec<Part> {
                     let url = p
                         .get("image_url")
                         .and_then(|i| i.get("url").or(Some(i)))
-                        .and_then(Value::as_str)
+                        .and_then(Json::as_str)
                         .unwrap_or("");
                     Some(Part::Media {
                         reference: media_reference(url),
@@ -284,7 +290,7 @@ fn user_parts(content: &Value) -> Vec<Part> {
                     let data = p
                         .get("input_audio")
                         .and_then(|a| a.get("data"))
-                        .and_then(Value::as_str)
+                        .and_then(Json::as_str)
                         .unwrap_or("");
                     Some(Part::Media {
                         reference: media_reference(data),
@@ -305,17 +311,17 @@ fn user_parts(content: &Value) -> Vec<Part> {
                 _ => None,
             })
             .collect(),
-        Value::Null => Vec::new(),
+        Json::Null => Vec::new(),
         other => vec![Part::Text {
             text: content_to_text(other),
         }],
     }
 }
 
-fn tool_calls_of(message: &Value) -> Vec<ToolCall> {
+fn tool_calls_of(message: &Json<'_>) -> Vec<ToolCall> {
     let mut calls: Vec<ToolCall> = message
         .get("tool_calls")
-        .and_then(Value::as_array)
+        .and_then(Json::as_array)
         .into_iter()
         .flatten()
         .filter_map(|c| {
@@ -323,7 +329,7 @@ fn tool_calls_of(message: &Value) -> Vec<ToolCall> {
             Some(ToolCall {
                 id: owned_str(c, "id").unwrap_or_default(),
                 name: owned_str(f, "name").unwrap_or_default(),
-                arguments: parse_arguments(f.get("arguments").unwrap_or(&Value::Null)),
+                arguments: parse_arguments(f.field("arguments")),
             })
         })
         .collect();
@@ -332,25 +338,25 @@ fn tool_calls_of(message: &Value) -> Vec<ToolCall> {
         calls.push(ToolCall {
             id: owned_str(f, "name").unwrap_or_default(),
             name: owned_str(f, "name").unwrap_or_default(),
-            arguments: parse_arguments(f.get("arguments").unwrap_or(&Value::Null)),
+            arguments: parse_arguments(f.field("arguments")),
         });
     }
     calls
 }
 
 /// Reasoning text under any of the names compatible servers use.
-fn reasoning_of(message: &Value) -> Option<String> {
+fn reasoning_of(message: &Json<'_>) -> Option<String> {
     ["reasoning_content", "reasoning"]
         .iter()
         .find_map(|k| str_at(message, k).filter(|s| !s.is_empty()).map(str::to_owned))
 }
 
-fn assistant_message(m: &Value) -> Message {
+fn assistant_message(m: &Json<'_>) -> Message {
     let mut parts = Vec::new();
     if let Some(r) = reasoning_of(m) {
         parts.push(Part::Reasoning { text: r });
     }
-    let text = content_to_text(m.get("content").unwrap_or(&Value::Null));
+    let text = content_to_text(m.field("content"));
     if !text.is_empty() {
         parts.push(Part::Text { text });
     }
@@ -361,8 +367,8 @@ fn assistant_message(m: &Value) -> Message {
     }
 }
 
-fn output_of(message: &Value) -> Output {
-    let text = content_to_text(message.get("content").unwrap_or(&Value::Null));
+fn output_of(message: &Json<'_>) -> Output {
+    let text = content_to_text(message.field("content"));
     Output {
         text: Some(text).filter(|t| !t.is_empty()),
         reasoning: reasoning_of(message),
@@ -382,7 +388,7 @@ pub(crate) fn map_finish_reason(r: &str) -> FinishReason {
     }
 }
 
-fn usage_of(u: &Value) -> Usage {
+fn usage_of(u: &Json<'_>) -> Usage {
     Usage {
         input: u64_at(u, &["prompt_tokens"]).unwrap_or(0),
         output: u64_at(u, &["completion_tokens"]).unwrap_or(0),

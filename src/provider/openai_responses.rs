@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::{
     AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events, owned_str,
-    str_at,
+    str_at, value_str,
 };
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
@@ -17,6 +17,7 @@ use crate::model::call::{
     FinishReason, Message, NormalizedCall, Output, Part, Role, ToolCall, ToolDef, content_to_text, media_reference,
     parse_arguments,
 };
+use crate::model::json::Json;
 use crate::model::usage::{Usage, u64_at};
 
 pub struct OpenAiResponses;
@@ -34,7 +35,7 @@ impl ProviderAdapter for OpenAiResponses {
         let mut seen = false;
         for (event, ev) in json_events(events) {
             seen = true;
-            let kind = str_at(&ev, "type").or(event).unwrap_or("");
+            let kind = value_str(&ev, "type").or(event).unwrap_or("");
             let oi = ev.get("output_index").and_then(Value::as_u64).map(|i| i as usize);
             match kind {
                 "response.created" | "response.in_progress" => base = ev.get("response").cloned(),
@@ -56,7 +57,7 @@ impl ProviderAdapter for OpenAiResponses {
                     }
                 }
                 "response.output_text.delta" | "response.refusal.delta" => {
-                    if let (Some(i), Some(delta)) = (oi, str_at(&ev, "delta")) {
+                    if let (Some(i), Some(delta)) = (oi, value_str(&ev, "delta")) {
                         let ci = ev.get("content_index").and_then(Value::as_u64).unwrap_or(0) as usize;
                         let field = if kind == "response.refusal.delta" {
                             "refusal"
@@ -75,7 +76,7 @@ impl ProviderAdapter for OpenAiResponses {
                     }
                 }
                 "response.function_call_arguments.delta" | "response.custom_tool_call_input.delta" => {
-                    if let (Some(i), Some(delta)) = (oi, str_at(&ev, "delta")) {
+                    if let (Some(i), Some(delta)) = (oi, value_str(&ev, "delta")) {
                         let field = if kind.contains("custom") { "input" } else { "arguments" };
                         if let Some(Value::Object(item)) = items.get_mut(i) {
                             append_str(item, field, delta);
@@ -83,7 +84,7 @@ impl ProviderAdapter for OpenAiResponses {
                     }
                 }
                 "response.reasoning_summary_text.delta" => {
-                    if let (Some(i), Some(delta)) = (oi, str_at(&ev, "delta")) {
+                    if let (Some(i), Some(delta)) = (oi, value_str(&ev, "delta")) {
                         let si = ev.get("summary_index").and_then(Value::as_u64).unwrap_or(0) as usize;
                         if let Some(summary) = item_array(&mut items, i, "summary") {
                             if summary.len() <= si {
@@ -118,18 +119,23 @@ impl ProviderAdapter for OpenAiResponses {
         Ok(Value::Object(out))
     }
 
-    fn normalize(&self, ctx: &CallContext<'_>, req: &Value, resp: &Value) -> Result<NormalizedCall, AdapterError> {
+    fn normalize(
+        &self,
+        ctx: &CallContext<'_>,
+        req: &Json<'_>,
+        resp: &Json<'_>,
+    ) -> Result<NormalizedCall, AdapterError> {
         if !req.is_object() {
             return Err(AdapterError::RequestNotObject);
         }
         let mut system: Vec<String> = owned_str(req, "instructions").into_iter().collect();
         let mut messages: Vec<Message> = Vec::new();
         match req.get("input") {
-            Some(Value::String(s)) => messages.push(Message {
+            Some(Json::String(s)) => messages.push(Message {
                 role: Role::User,
-                parts: vec![Part::Text { text: s.clone() }],
+                parts: vec![Part::Text { text: s.to_string() }],
             }),
-            Some(Value::Array(items)) => {
+            Some(Json::Array(items)) => {
                 for item in items {
                     read_input_item(item, &mut system, &mut messages);
                 }
@@ -138,7 +144,7 @@ impl ProviderAdapter for OpenAiResponses {
         }
         let tools = req
             .get("tools")
-            .and_then(Value::as_array)
+            .and_then(Json::as_array)
             .into_iter()
             .flatten()
             .filter_map(|t| {
@@ -146,13 +152,13 @@ impl ProviderAdapter for OpenAiResponses {
                 Some(ToolDef {
                     name,
                     description: owned_str(t, "description"),
-                    parameters: t.get("parameters").cloned(),
+                    parameters: t.get("parameters").map(Json::to_value),
                 })
             })
             .collect();
 
         let mut output = Output::default();
-        for item in resp.get("output").and_then(Value::as_array).into_iter().flatten() {
+        for item in resp.get("output").and_then(Json::as_array).into_iter().flatten() {
             read_output_item(item, &mut output);
         }
         let status = str_at(resp, "status");
@@ -178,7 +184,7 @@ impl ProviderAdapter for OpenAiResponses {
                 None => None,
             }
         };
-        let raw_usage = resp.get("usage").filter(|u| u.is_object()).cloned();
+        let usage = resp.get("usage").filter(|u| u.is_object());
         Ok(NormalizedCall {
             model_requested: owned_str(req, "model"),
             model_response: owned_str(resp, "model"),
@@ -189,19 +195,19 @@ impl ProviderAdapter for OpenAiResponses {
             output,
             finish_reason,
             provider_finish_reason: provider_finish,
-            usage: raw_usage.as_ref().map(|u| Usage {
+            usage: usage.map(|u| Usage {
                 input: u64_at(u, &["input_tokens"]).unwrap_or(0),
                 output: u64_at(u, &["output_tokens"]).unwrap_or(0),
                 cache_read: u64_at(u, &["input_tokens_details", "cached_tokens"]),
                 cache_write: None,
                 reasoning: u64_at(u, &["output_tokens_details", "reasoning_tokens"]),
             }),
-            raw_usage,
+            raw_usage: usage.map(Json::to_value),
             error,
-            max_output_tokens: req.get("max_output_tokens").and_then(Value::as_u64),
+            max_output_tokens: req.get("max_output_tokens").and_then(Json::as_u64),
             previous_response_id: owned_str(req, "previous_response_id"),
             conversation_id: match req.get("conversation") {
-                Some(Value::String(s)) => Some(s.clone()),
+                Some(Json::String(s)) => Some(s.to_string()),
                 Some(c) => owned_str(c, "id"),
                 None => None,
             },
@@ -239,10 +245,10 @@ fn push_part(messages: &mut Vec<Message>, role: Role, part: Part) {
     }
 }
 
-fn text_parts(content: &Value) -> Vec<Part> {
+fn text_parts(content: &Json<'_>) -> Vec<Part> {
     match content {
-        Value::String(s) => vec![Part::Text { text: s.clone() }],
-        Value::Array(parts) => parts
+        Json::String(s) => vec![Part::Text { text: s.to_string() }],
+        Json::Array(parts) => parts
             .iter()
             .filter_map(|p| match str_at(p, "type") {
                 Some("input_text") | Some("output_text") | Some("text") => Some(Part::Text {
@@ -269,9 +275,9 @@ fn text_parts(content: &Value) -> Vec<Part> {
     }
 }
 
-fn summary_text(item: &Value) -> String {
+fn summary_text(item: &Json<'_>) -> String {
     item.get("summary")
-        .and_then(Value::as_array)
+        .and_then(Json::as_array)
         .into_iter()
         .flatten()
         .filter_map(|s| str_at(s, "text"))
@@ -279,11 +285,11 @@ fn summary_text(item: &Value) -> String {
         .join("\n")
 }
 
-fn tool_call_of(item: &Value) -> ToolCall {
+fn tool_call_of(item: &Json<'_>) -> ToolCall {
     let raw = item
         .get("arguments")
         .or_else(|| item.get("input"))
-        .unwrap_or(&Value::Null);
+        .unwrap_or(&Json::Null);
     ToolCall {
         id: owned_str(item, "call_id")
             .or_else(|| owned_str(item, "id"))
@@ -293,19 +299,19 @@ fn tool_call_of(item: &Value) -> ToolCall {
     }
 }
 
-fn read_input_item(item: &Value, system: &mut Vec<String>, messages: &mut Vec<Message>) {
+fn read_input_item(item: &Json<'_>, system: &mut Vec<String>, messages: &mut Vec<Message>) {
     let kind = str_at(item, "type").unwrap_or("message");
     match kind {
         "message" => match str_at(item, "role").unwrap_or("user") {
-            "system" | "developer" => system.push(content_to_text(item.get("content").unwrap_or(&Value::Null))),
+            "system" | "developer" => system.push(content_to_text(item.field("content"))),
             "assistant" => {
-                for p in text_parts(item.get("content").unwrap_or(&Value::Null)) {
+                for p in text_parts(item.field("content")) {
                     push_part(messages, Role::Assistant, p);
                 }
             }
             _ => messages.push(Message {
                 role: Role::User,
-                parts: text_parts(item.get("content").unwrap_or(&Value::Null)),
+                parts: text_parts(item.field("content")),
             }),
         },
         "function_call" | "custom_tool_call" => {
@@ -323,7 +329,7 @@ fn read_input_item(item: &Value, system: &mut Vec<String>, messages: &mut Vec<Me
             Part::ToolResult {
                 call_id: owned_str(item, "call_id").unwrap_or_default(),
                 name: None,
-                content: content_to_text(item.get("output").unwrap_or(&Value::Null)),
+                content: content_to_text(item.field("output")),
                 is_error: false,
             },
         ),
@@ -331,10 +337,10 @@ fn read_input_item(item: &Value, system: &mut Vec<String>, messages: &mut Vec<Me
     }
 }
 
-fn read_output_item(item: &Value, out: &mut Output) {
+fn read_output_item(item: &Json<'_>, out: &mut Output) {
     match str_at(item, "type").unwrap_or("") {
         "message" => {
-            for p in item.get("content").and_then(Value::as_array).into_iter().flatten() {
+            for p in item.get("content").and_then(Json::as_array).into_iter().flatten() {
                 match str_at(p, "type") {
                     Some("output_text") => {
                         let t = out.text.get_or_insert_with(String::new);

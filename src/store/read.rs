@@ -9,6 +9,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params_from_iter, 
 use super::StoreError;
 use crate::capture::{Api, ExchangeMeta, Outcome, Timings};
 use crate::config::StoreConfig;
+use crate::model::json::JsonText;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::telemetry::Metrics;
@@ -292,7 +293,7 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         request_headers: headers(row.get(17)?)?,
         response_headers: headers(row.get(18)?)?,
         meta,
-        request: json(decompress(row.get(20)?)),
+        request: JsonText::from_stored(decompress(row.get(20)?)),
         response: json(decompress(row.get(21)?)),
         raw_response: decompress(row.get(22)?),
         id,

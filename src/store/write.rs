@@ -152,7 +152,7 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
         "INSERT OR REPLACE INTO trace_bodies (trace_id, request, response, raw_response) VALUES (?1, ?2, ?3, ?4)",
         params![
             t.id,
-            body(&t.request),
+            (!t.request.is_null()).then(|| compress(t.request.as_str())),
             body(&t.response),
             t.raw_response.as_deref().map(compress)
         ],

@@ -57,12 +57,12 @@ fn unix_ns(rfc3339: &str) -> Option<i64> {
 
 /// The request parameters Letta keeps in `llm_config`, read from the provider request when present.
 fn llm_config(s: &Step, trace: Option<&ProviderTrace>) -> Value {
-    let req = trace.map(|t| &t.request);
+    let req = trace.map(|t| t.request.view());
     let pick = |keys: &[&str]| -> Option<Value> {
-        let req = req?;
+        let req = req.as_ref()?;
         keys.iter().find_map(|k| {
             let v = k.split('.').try_fold(req, |v, part| v.get(part))?;
-            (!v.is_null()).then(|| v.clone())
+            (!v.is_null()).then(|| v.to_value())
         })
     };
     let mut c = json!({
@@ -317,7 +317,7 @@ fn step_record(
         let mut p = json!({
             "id": letta_id("provider_trace", &t.id),
             "created_at": st.timings.as_ref().map_or(st.timestamp.as_str(), |x| x.started_at.as_str()),
-            "request_json": as_object(&t.request),
+            "request_json": as_object(&t.request.to_value()),
             "response_json": as_object(&t.response),
             "step_id": step_id,
             "agent_id": agent_id,
