@@ -23,8 +23,8 @@ pub struct ProviderTrace {
     pub response_headers: Vec<(String, String)>,
     /// The request body as JSON text (a JSON string holding the text if it was not JSON; null if empty).
     pub request: JsonText,
-    /// The response as a non-streamed call would have returned it (Null when there was no response).
-    pub response: Value,
+    /// The response as a non-streamed call would have returned it, as JSON text (null when there was none).
+    pub response: JsonText,
     /// The decoded stream text exactly as received, for streamed responses.
     pub raw_response: Option<String>,
     pub meta: ExchangeMeta,
@@ -79,7 +79,7 @@ struct TraceExport<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     trajectory_id: Option<&'a str>,
     request: &'a JsonText,
-    response: &'a Value,
+    response: &'a JsonText,
     headers: Value,
     metadata: &'a ExchangeMeta,
     bytes: Value,

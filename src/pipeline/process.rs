@@ -49,14 +49,6 @@ fn decoded_text(c: &Captured, id: &str, errors: &mut Vec<ProcessError>) -> Strin
     }
 }
 
-/// JSON if it parses; otherwise the text as a JSON string; Null if empty.
-fn json_or_text(text: &str) -> Value {
-    if text.trim().is_empty() {
-        return Value::Null;
-    }
-    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
-}
-
 /// The body as one buffer: the captured frame itself when it is a single uncompressed one (no copy), else the
 /// frames decoded and joined.
 fn body_buffer(c: &Captured, id: &str, errors: &mut Vec<ProcessError>) -> Bytes {
@@ -69,53 +61,71 @@ fn body_buffer(c: &Captured, id: &str, errors: &mut Vec<ProcessError>) -> Bytes 
     Bytes::from(decoded_text(c, id, errors))
 }
 
+/// A body read without building a `Value`: a borrowed view for the adapter and the text to keep. A body that
+/// is not JSON is kept as a JSON string holding its text (adapters read error pages that way); empty is null.
+fn read_body(bytes: &Bytes) -> (Json<'_>, JsonText) {
+    if let Some(parsed) = JsonText::parse(bytes) {
+        return parsed;
+    }
+    let text = String::from_utf8_lossy(bytes);
+    if text.trim().is_empty() {
+        return (Json::Null, JsonText::default());
+    }
+    let text = Value::String(text.into_owned());
+    let kept = JsonText::from_value(&text);
+    let Value::String(text) = text else {
+        return (Json::Null, kept);
+    };
+    (Json::String(text.into()), kept)
+}
+
 pub fn process(ex: RawExchange) -> Processed {
     let mut errors = Vec::new();
     let request_body = body_buffer(&ex.request, &ex.id, &mut errors);
-    // The request is read through a borrowed view and kept as its own text: no `Value` tree is built for it.
-    let (request_view, request) = match JsonText::parse(&request_body) {
-        Some(parsed) => parsed,
-        None => {
-            let text = String::from_utf8_lossy(&request_body);
-            let v = json_or_text(&text);
-            (Json::from_value(&Value::Null), JsonText::from_value(&v))
-        }
-    };
+    let (request_view, request) = read_body(&request_body);
     let adapter = adapter_for(ex.api);
 
-    let (response, raw_response, streamed) = match &ex.response {
-        None => (Value::Null, None, false),
-        Some(resp) => {
-            let text = decoded_text(resp, &ex.id, &mut errors);
-            let content_type = resp.header("content-type").unwrap_or("").to_ascii_lowercase();
-            let sse =
-                content_type.contains("text/event-stream") || (!content_type.contains("json") && looks_like_sse(&text));
-            // Gemini without ?alt=sse streams one JSON array of chunks.
-            let json_array_stream = ex.path.contains(":streamGenerateContent") && text.trim_start().starts_with('[');
-            if sse || json_array_stream {
-                let events = if sse {
-                    parse_events(&text)
-                } else {
-                    vec![crate::capture::sse::SseEvent {
-                        data: text.clone(),
-                        ..Default::default()
-                    }]
-                };
-                let reassembled = match adapter {
-                    Some(a) => a.reassemble(&events).unwrap_or_else(|source| {
-                        errors.push(ProcessError::Adapter {
-                            id: ex.id.clone(),
-                            source,
-                        });
-                        Value::Null
-                    }),
-                    None => Value::Null,
-                };
-                (reassembled, Some(text), true)
+    // A stream is rebuilt into the body a non-streamed call would have returned (a `Value`: reassembly merges
+    // chunks); a non-streamed body is read like the request.
+    let response_body = match &ex.response {
+        Some(resp) => body_buffer(resp, &ex.id, &mut errors),
+        None => Bytes::new(),
+    };
+    let mut reassembled: Option<Value> = None;
+    let mut raw_response = None;
+    if let Some(resp) = &ex.response {
+        let text = String::from_utf8_lossy(&response_body);
+        let content_type = resp.header("content-type").unwrap_or("").to_ascii_lowercase();
+        let sse =
+            content_type.contains("text/event-stream") || (!content_type.contains("json") && looks_like_sse(&text));
+        // Gemini without ?alt=sse streams one JSON array of chunks.
+        let json_array_stream = ex.path.contains(":streamGenerateContent") && text.trim_start().starts_with('[');
+        if sse || json_array_stream {
+            let events = if sse {
+                parse_events(&text)
             } else {
-                (json_or_text(&text), None, false)
-            }
+                vec![crate::capture::sse::SseEvent {
+                    data: text.to_string(),
+                    ..Default::default()
+                }]
+            };
+            reassembled = Some(match adapter {
+                Some(a) => a.reassemble(&events).unwrap_or_else(|source| {
+                    errors.push(ProcessError::Adapter {
+                        id: ex.id.clone(),
+                        source,
+                    });
+                    Value::Null
+                }),
+                None => Value::Null,
+            });
+            raw_response = Some(text.into_owned());
         }
+    }
+    let streamed = reassembled.is_some();
+    let (response_view, response) = match &reassembled {
+        Some(v) => (Json::from_value(v), JsonText::from_value(v)),
+        None => read_body(&response_body),
     };
 
     let call = adapter.and_then(|a| {
@@ -124,7 +134,7 @@ pub fn process(ex: RawExchange) -> Processed {
             path,
             status: ex.status,
         };
-        a.normalize(&ctx, &request_view, &Json::from_value(&response))
+        a.normalize(&ctx, &request_view, &response_view)
             .map_err(|source| {
                 errors.push(ProcessError::Adapter {
                     id: ex.id.clone(),
@@ -138,7 +148,7 @@ pub fn process(ex: RawExchange) -> Processed {
         .as_ref()
         .and_then(|c| c.model_response.clone().or_else(|| c.model_requested.clone()))
         .or_else(|| request_view.owned_str("model"));
-    drop(request_view);
+    drop((request_view, response_view));
     let trace = ProviderTrace {
         id: ex.id,
         upstream: ex.upstream.to_string(),

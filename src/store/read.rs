@@ -264,10 +264,6 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
     let headers = |s: String| -> Result<Vec<(String, String)>, StoreError> {
         serde_json::from_str(&s).map_err(|e| corrupt(e.to_string()))
     };
-    let json = |s: Option<String>| -> serde_json::Value {
-        s.and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or(serde_json::Value::Null)
-    };
     let usage: Option<String> = row.get(16)?;
     let meta: String = row.get(19)?;
     let meta: ExchangeMeta = serde_json::from_str(&meta).map_err(|e| corrupt(e.to_string()))?;
@@ -294,7 +290,7 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         response_headers: headers(row.get(18)?)?,
         meta,
         request: JsonText::from_stored(decompress(row.get(20)?)),
-        response: json(decompress(row.get(21)?)),
+        response: JsonText::from_stored(decompress(row.get(21)?)),
         raw_response: decompress(row.get(22)?),
         id,
     })

@@ -14,6 +14,7 @@ use rusqlite::{Connection, params};
 
 use super::{Record, StoreError};
 use crate::config::StoreConfig;
+use crate::model::json::JsonText;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::telemetry::Metrics;
@@ -147,12 +148,12 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
             serde_json::to_string(&t.meta).unwrap_or_default(),
         ],
     )?;
-    let body = |v: &serde_json::Value| (!v.is_null()).then(|| compress(&v.to_string()));
+    let body = |v: &JsonText| (!v.is_null()).then(|| compress(v.as_str()));
     tx.execute(
         "INSERT OR REPLACE INTO trace_bodies (trace_id, request, response, raw_response) VALUES (?1, ?2, ?3, ?4)",
         params![
             t.id,
-            (!t.request.is_null()).then(|| compress(t.request.as_str())),
+            body(&t.request),
             body(&t.response),
             t.raw_response.as_deref().map(compress)
         ],

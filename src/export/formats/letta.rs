@@ -318,7 +318,7 @@ fn step_record(
             "id": letta_id("provider_trace", &t.id),
             "created_at": st.timings.as_ref().map_or(st.timestamp.as_str(), |x| x.started_at.as_str()),
             "request_json": as_object(&t.request.to_value()),
-            "response_json": as_object(&t.response),
+            "response_json": as_object(&t.response.to_value()),
             "step_id": step_id,
             "agent_id": agent_id,
             "agent_tags": st.agent_role.as_ref().map(|r| vec![r.clone()]),

@@ -17,7 +17,6 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::model::call::{Message, NormalizedCall, Part, Role};
-use crate::model::json::Json;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::provider::{CallContext, adapter_for};
@@ -228,8 +227,7 @@ impl<'a> SpanBuilder<'a> {
                 path,
                 status: trace.status,
             };
-            a.normalize(&ctx, &trace.request.view(), &Json::from_value(&trace.response))
-                .ok()
+            a.normalize(&ctx, &trace.request.view(), &trace.response.view()).ok()
         });
         let traj = trace.trajectory_id.clone().unwrap_or_else(|| trace.id.clone());
         let (trace_id, parent) = match trace.meta.traceparent.as_deref().and_then(parse_traceparent) {
