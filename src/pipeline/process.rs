@@ -94,7 +94,10 @@ pub fn process(ex: RawExchange) -> Processed {
     let mut reassembled: Option<Value> = None;
     let mut raw_response = None;
     if let Some(resp) = &ex.response {
-        let text = String::from_utf8_lossy(&response_body);
+        let text = match std::str::from_utf8(&response_body) {
+            Ok(t) => std::borrow::Cow::Borrowed(t),
+            Err(_) => String::from_utf8_lossy(&response_body),
+        };
         let content_type = resp.header("content-type").unwrap_or("").to_ascii_lowercase();
         let sse =
             content_type.contains("text/event-stream") || (!content_type.contains("json") && looks_like_sse(&text));
