@@ -118,12 +118,10 @@ fn write_batch(conn: &mut Connection, batch: &[Record]) -> Result<(), StoreError
 
 fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(), StoreError> {
     let headers = |h: &[(String, String)]| serde_json::to_string(h).unwrap_or_default();
-    tx.execute(
-        "INSERT OR REPLACE INTO traces (id, trajectory_id, session_id, agent, upstream, api, method, path, status, outcome,
+    tx.prepare_cached("INSERT OR REPLACE INTO traces (id, trajectory_id, session_id, agent, upstream, api, method, path, status, outcome,
             error, streamed, model, started_us, first_byte_us, ended_us, request_bytes, response_bytes, usage,
             request_headers, response_headers, metadata)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
-        params![
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)")?.execute(params![
             t.id,
             t.trajectory_id,
             t.meta.session,
@@ -149,23 +147,21 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
         ],
     )?;
     let body = |v: &JsonText| (!v.is_null()).then(|| compress(v.as_str()));
-    tx.execute(
+    tx.prepare_cached(
         "INSERT OR REPLACE INTO trace_bodies (trace_id, request, response, raw_response) VALUES (?1, ?2, ?3, ?4)",
-        params![
-            t.id,
-            body(&t.request),
-            body(&t.response),
-            t.raw_response.as_deref().map(compress)
-        ],
-    )?;
+    )?
+    .execute(params![
+        t.id,
+        body(&t.request),
+        body(&t.response),
+        t.raw_response.as_deref().map(compress)
+    ])?;
     Ok(())
 }
 
 fn log_export(tx: &rusqlite::Transaction<'_>, kind: &str, reference: &str) -> Result<(), StoreError> {
-    tx.execute(
-        "INSERT INTO export_log (kind, ref) VALUES (?1, ?2)",
-        params![kind, reference],
-    )?;
+    tx.prepare_cached("INSERT INTO export_log (kind, ref) VALUES (?1, ?2)")?
+        .execute(params![kind, reference])?;
     Ok(())
 }
 
@@ -182,23 +178,23 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreErro
         .unwrap_or(0);
     let body = serde_json::to_string(s).unwrap_or_default();
     // Updates keep the original seq (and so the original export position) of the step.
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO steps (step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, body)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
          ON CONFLICT(step_id) DO UPDATE SET body = excluded.body, trace_id = excluded.trace_id",
-        params![
-            s.step_id,
-            s.trajectory_id,
-            s.session_id,
-            s.step_index,
-            serde_json::to_value(s.role)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned)),
-            s.provider_trace_id,
-            started_us,
-            body
-        ],
-    )?;
+    )?
+    .execute(params![
+        s.step_id,
+        s.trajectory_id,
+        s.session_id,
+        s.step_index,
+        serde_json::to_value(s.role)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned)),
+        s.provider_trace_id,
+        started_us,
+        body
+    ])?;
     // An agent step's first write is when its call's span can be built (trace row and step both present).
     if !exists && let (crate::model::step::StepRole::Agent, Some(trace_id)) = (s.role, &s.provider_trace_id) {
         log_export(tx, "chat", trace_id)?;
@@ -219,14 +215,12 @@ fn upsert_trajectory(tx: &rusqlite::Transaction<'_>, t: &TrajectorySummary) -> R
     let tools =
         (!t.tool_definitions.is_empty()).then(|| serde_json::to_string(&t.tool_definitions).unwrap_or_default());
     let body = serde_json::to_string(&t.without_heavy_parts()).unwrap_or_default();
-    tx.execute(
-        "INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body, system_prompts, tool_definitions)
+    tx.prepare_cached("INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body, system_prompts, tool_definitions)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT(trajectory_id) DO UPDATE SET session_id = excluded.session_id, ended_us = excluded.ended_us,
              body = excluded.body,
              system_prompts = COALESCE(excluded.system_prompts, trajectories.system_prompts),
-             tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)",
-        params![t.trajectory_id, t.session_id, us(&t.started_at), us(&t.ended_at), body, prompts, tools],
+             tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)")?.execute(params![t.trajectory_id, t.session_id, us(&t.started_at), us(&t.ended_at), body, prompts, tools],
     )?;
     if t.closed {
         log_export(tx, "agent", &t.trajectory_id)?;

@@ -100,6 +100,21 @@ fn backoff(cfg: &OtlpConfig, attempt: u32) -> Duration {
     base.mul_f64(jitter)
 }
 
+/// The exporter's own store connections: its cursor and a reader.
+struct StoreHandles {
+    cursor: Cursor,
+    reader: StoreReader,
+}
+
+impl StoreHandles {
+    fn open(ctx: &SinkContext) -> Result<StoreHandles, StoreError> {
+        Ok(StoreHandles {
+            cursor: Cursor::open(&ctx.data_dir, &ctx.config.name)?,
+            reader: StoreReader::open(&ctx.data_dir)?,
+        })
+    }
+}
+
 pub async fn run(ctx: SinkContext, stop: CancellationToken) {
     let name = ctx.config.name.clone();
     let ctx = Arc::new(ctx);
@@ -112,6 +127,9 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
     };
     let mut deadline: Option<Instant> = None;
     let mut logged_failure = false;
+    // Opened once and kept across batches: opening SQLite connections per batch (schema read, statements
+    // prepared again) was most of the exporter's cost under load.
+    let mut handles: Option<StoreHandles> = None;
     loop {
         if stop.is_cancelled() && deadline.is_none() {
             deadline = Some(Instant::now() + FLUSH_DEADLINE);
@@ -120,19 +138,31 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             break;
         }
         let c = ctx.clone();
-        let built = tokio::task::spawn_blocking(move || -> Result<(Cursor, Option<Batch>), StoreError> {
+        let open = handles.take();
+        let built = tokio::task::spawn_blocking(move || {
             // Building spans (read, decompress, normalize) is capture work: it must not compete with the data
             // path. Blocking-pool threads only run background work in llmtap, so lowering one is harmless.
             crate::pipeline::run_in_background();
-            let cursor = Cursor::open(&c.data_dir, &c.config.name)?;
-            let reader = StoreReader::open(&c.data_dir)?;
-            let batch = next_batch(&c, &reader, cursor.get()?)?;
-            Ok((cursor, batch))
+            let h = match open {
+                Some(h) => h,
+                None => match StoreHandles::open(&c) {
+                    Ok(h) => h,
+                    Err(e) => return (None, Err(e)),
+                },
+            };
+            match h.cursor.get().and_then(|after| next_batch(&c, &h.reader, after)) {
+                Ok(batch) => (Some(h), Ok(batch)),
+                // Reopen after a store error: the file may have been replaced.
+                Err(e) => (None, Err(e)),
+            }
         })
         .await;
-        let (cursor, batch) = match built {
-            Ok(Ok(x)) => x,
-            Ok(Err(e)) => {
+        let batch = match built {
+            Ok((h, Ok(batch))) => {
+                handles = h;
+                batch
+            }
+            Ok((_, Err(e))) => {
                 ctx.metrics.store_error(&e);
                 sleep_or_stop(&stop, IDLE_POLL, deadline).await;
                 continue;
@@ -204,9 +234,17 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             break;
         }
         let seq = batch.last_seq;
-        let saved = tokio::task::spawn_blocking(move || cursor.set(seq)).await;
-        if let Ok(Err(e)) = saved {
-            ctx.metrics.store_error(&e);
+        if let Some(h) = handles.take() {
+            match tokio::task::spawn_blocking(move || {
+                let saved = h.cursor.set(seq);
+                (h, saved)
+            })
+            .await
+            {
+                Ok((h, Ok(()))) => handles = Some(h),
+                Ok((_, Err(e))) => ctx.metrics.store_error(&e),
+                Err(_) => break,
+            }
         }
     }
 }
