@@ -20,6 +20,9 @@ use super::servers::chat_request_body;
 use super::stats::{Summary, fmt_delta_us, fmt_rate, fmt_us};
 
 pub struct Scale {
+    /// Every measurement runs in this many rounds, each round visiting every target in turn, so a slow
+    /// moment of a shared machine lands on all targets alike instead of on whichever ran then.
+    pub rounds: usize,
     pub latency_requests: usize,
     pub latency_rate: u64,
     pub saturation_secs: u64,
@@ -30,9 +33,10 @@ pub struct Scale {
 }
 
 pub const FULL: Scale = Scale {
+    rounds: 5,
     latency_requests: 5_000,
     latency_rate: 500,
-    saturation_secs: 5,
+    saturation_secs: 2,
     saturation_conns: 32,
     streams: 100,
     stream_events: 200,
@@ -40,6 +44,7 @@ pub const FULL: Scale = Scale {
 };
 
 pub const SMOKE: Scale = Scale {
+    rounds: 2,
     latency_requests: 200,
     latency_rate: 200,
     saturation_secs: 1,
@@ -218,13 +223,29 @@ async fn saturation(url: &str, conns: usize, secs: u64) -> f64 {
     count.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs as f64
 }
 
-/// `n` concurrent SSE streams: (time to first byte, time to last byte) each.
+/// `n` concurrent SSE streams on a new client (new connections), all started at once.
 async fn streams(url: &str, n: usize, events: usize, delay_ms: u64) -> Vec<(Duration, Duration)> {
-    let client = client(n);
+    streams_on(&client(n), url, n, events, delay_ms, Duration::ZERO).await
+}
+
+/// `n` SSE streams over `client` (whose pool may already hold connections), the i-th started at
+/// `i * stagger`: (time to first byte, time to last byte) each.
+async fn streams_on(
+    client: &HttpClient,
+    url: &str,
+    n: usize,
+    events: usize,
+    delay_ms: u64,
+    stagger: Duration,
+) -> Vec<(Duration, Duration)> {
     let body = chat_request_body();
     let spec = format!("{events},{delay_ms}");
     let mut handles = Vec::new();
-    for _ in 0..n {
+    let start = tokio::time::Instant::now();
+    for i in 0..n {
+        if !stagger.is_zero() {
+            tokio::time::sleep_until(start + stagger * i as u32).await;
+        }
         let (client, body, url, spec) = (client.clone(), body.clone(), url.to_owned(), spec.clone());
         handles.push(tokio::spawn(
             async move { one(&client, &url, &body, Some(&spec)).await },
@@ -309,13 +330,19 @@ pub fn run(scale: &Scale) {
     println!("  load generator: Rust hyper client in the bench process (HTTP/1.1 keep-alive). All on loopback.");
 
     println!(
-        "latency at {} req/s open loop ({} requests):",
-        scale.latency_rate, scale.latency_requests
+        "latency at {} req/s open loop ({} requests per target, in {} interleaved rounds):",
+        scale.latency_rate, scale.latency_requests, scale.rounds
     );
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
+    for _ in 0..scale.rounds {
+        for (i, (_, url)) in targets.iter().enumerate() {
+            let n = scale.latency_requests / scale.rounds;
+            samples[i].extend(rt.block_on(latency(url, n, scale.latency_rate)));
+        }
+    }
     let mut direct_lat: Option<Summary> = None;
-    for (name, url) in &targets {
-        let mut lat = rt.block_on(latency(url, scale.latency_requests, scale.latency_rate));
-        let s = Summary::of(&mut lat);
+    for ((name, _), lat) in targets.iter().zip(samples.iter_mut()) {
+        let s = Summary::of(lat);
         let added = match &direct_lat {
             Some(d) => format!(
                 "  added p50 {} p90 {} p99 {}",
@@ -338,84 +365,121 @@ pub fn run(scale: &Scale) {
     println!("  (capture+store+OTLP on during this phase: {})", capture_since());
 
     println!(
-        "throughput at saturation ({} connections, {} s):",
-        scale.saturation_conns, scale.saturation_secs
+        "throughput at saturation ({} connections, {} rounds of {} s per target, median round):",
+        scale.saturation_conns, scale.rounds, scale.saturation_secs
     );
-    let mut bare = 0.0;
-    for (name, url) in &targets {
-        let rps = rt.block_on(saturation(url, scale.saturation_conns, scale.saturation_secs));
-        if name.starts_with("bare") {
-            bare = rps;
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    for _ in 0..scale.rounds {
+        for (i, (_, url)) in targets.iter().enumerate() {
+            rounds[i].push(rt.block_on(saturation(url, scale.saturation_conns, scale.saturation_secs)));
         }
+    }
+    let median = |v: &mut Vec<f64>| -> f64 {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let rates: Vec<f64> = rounds.iter_mut().map(median).collect();
+    let bare = targets
+        .iter()
+        .position(|(name, _)| name.starts_with("bare"))
+        .map_or(0.0, |i| rates[i]);
+    for (i, (name, _)) in targets.iter().enumerate() {
         let vs = if bare > 0.0 && name.starts_with("llmtap") {
-            format!("  ({:.0}% of bare passthrough)", 100.0 * rps / bare)
+            format!("  ({:.0}% of bare passthrough)", 100.0 * rates[i] / bare)
         } else {
             String::new()
         };
-        println!("  {name:<26} {:>8} req/s{vs}", fmt_rate(rps));
+        let spread = rounds[i].iter().map(|r| fmt_rate(*r)).collect::<Vec<_>>().join(" ");
+        println!("  {name:<26} {:>8} req/s{vs}  [rounds: {spread}]", fmt_rate(rates[i]));
     }
     println!(
         "  (capture+store+OTLP on during this phase: {}; on 2 cores the data path keeps priority and capture sheds load)",
         capture_since()
     );
 
+    // Stream i starts at i * (stream duration / n): n streams in flight at once, arriving the way an agent
+    // fleet's calls do, over kept-alive connections (SDKs pool them). "burst" starts all n at the same instant
+    // on new connections: a queue of n connection setups that the first byte of the last stream waits behind.
+    let stream_len = Duration::from_millis(5 * scale.stream_events as u64);
+    let stagger = stream_len / scale.streams.max(1) as u32;
     println!(
-        "streams: {} concurrent SSE streams, {} events 5 ms apart:",
-        scale.streams, scale.stream_events
+        "streams: {} concurrent SSE streams, {} events 5 ms apart, {} interleaved rounds; steady = one new stream \
+         every {:.1} ms over kept-alive connections, burst = all at once on new connections:",
+        scale.streams,
+        scale.stream_events,
+        scale.rounds,
+        stagger.as_secs_f64() * 1e3
     );
-    let mut direct_streams: Option<(Summary, Summary)> = None;
-    for (name, url) in &targets {
-        let t = rt.block_on(streams(url, scale.streams, scale.stream_events, 5));
-        let mut ttfb: Vec<Duration> = t.iter().map(|x| x.0).collect();
-        let mut last: Vec<Duration> = t.iter().map(|x| x.1).collect();
-        let (a, b) = (Summary::of(&mut ttfb), Summary::of(&mut last));
-        let added = match &direct_streams {
-            Some((da, db)) => format!(
-                "  added TTFB p50 {} p99 {}; last byte p50 {} p99 {}",
-                fmt_delta_us(a.pct(0.5), da.pct(0.5)),
-                fmt_delta_us(a.pct(0.99), da.pct(0.99)),
-                fmt_delta_us(b.pct(0.5), db.pct(0.5)),
-                fmt_delta_us(b.pct(0.99), db.pct(0.99))
-            ),
-            None => format!(
-                "  TTFB p50 {} p99 {}; last byte p50 {}",
-                a.p50_us(),
-                a.p99_us(),
-                b.p50_us()
-            ),
-        };
-        println!("  {name:<26}{added}");
-        if direct_streams.is_none() {
-            direct_streams = Some((a, b));
+    let mut warm: Vec<Vec<(Duration, Duration)>> = vec![Vec::new(); targets.len()];
+    let mut cold: Vec<Vec<(Duration, Duration)>> = vec![Vec::new(); targets.len()];
+    for _ in 0..scale.rounds {
+        for (i, (_, url)) in targets.iter().enumerate() {
+            let c = client(scale.streams);
+            // The burst opens every connection (client side and, through a proxy, upstream side).
+            let burst = streams_on(&c, url, scale.streams, scale.stream_events, 5, Duration::ZERO);
+            cold[i].extend(rt.block_on(burst));
+            let steady = streams_on(&c, url, scale.streams, scale.stream_events, 5, stagger);
+            warm[i].extend(rt.block_on(steady));
+        }
+    }
+    for (label, runs) in [("steady", &warm), ("burst ", &cold)] {
+        let mut direct_streams: Option<(Summary, Summary)> = None;
+        for ((name, _), t) in targets.iter().zip(runs.iter()) {
+            let mut ttfb: Vec<Duration> = t.iter().map(|x| x.0).collect();
+            let mut last: Vec<Duration> = t.iter().map(|x| x.1).collect();
+            let (a, b) = (Summary::of(&mut ttfb), Summary::of(&mut last));
+            let figures = match &direct_streams {
+                Some((da, db)) => format!(
+                    "added TTFB p50 {} p99 {}; last byte p50 {} p99 {}",
+                    fmt_delta_us(a.pct(0.5), da.pct(0.5)),
+                    fmt_delta_us(a.pct(0.99), da.pct(0.99)),
+                    fmt_delta_us(b.pct(0.5), db.pct(0.5)),
+                    fmt_delta_us(b.pct(0.99), db.pct(0.99))
+                ),
+                None => format!(
+                    "TTFB p50 {} p99 {}; last byte p50 {} p99 {}",
+                    a.p50_us(),
+                    a.p99_us(),
+                    b.p50_us(),
+                    b.p99_us()
+                ),
+            };
+            println!("  {label} {name:<26} {figures}");
+            if direct_streams.is_none() {
+                direct_streams = Some((a, b));
+            }
         }
     }
 
-    // Memory of llmtap with capture on.
+    // Memory of llmtap with capture on: the same load of long streams three times. A leak grows RSS from one
+    // run to the next; allocator caches and the capture queue's backlog do not.
     let pid = tap_on.child.id();
-    let before_long = rss_kib(pid);
     let url = targets[3].1.clone();
-    let sampler = std::thread::spawn(move || {
-        let mut peak = 0;
-        for _ in 0..200 {
-            peak = peak.max(rss_kib(pid));
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        peak
-    });
-    let long = rt.block_on(streams(&url, scale.long_streams, 100, 50));
-    let peak = sampler.join().unwrap_or(0);
-    std::thread::sleep(Duration::from_secs(2));
-    let after = rss_kib(pid);
     println!("memory (llmtap, capture+store+OTLP on):");
     println!("  idle RSS {:.1} MiB", idle_rss as f64 / 1024.0);
-    println!(
-        "  {} concurrent long streams ({} completed, 100 events 50 ms apart): peak RSS {:.1} MiB (before {:.1} MiB)",
-        scale.long_streams,
-        long.len(),
-        peak as f64 / 1024.0,
-        before_long as f64 / 1024.0
-    );
-    println!("  after the whole run, 2 s later: RSS {:.1} MiB", after as f64 / 1024.0);
+    for run in 1..=3 {
+        let before_long = rss_kib(pid);
+        let sampler = std::thread::spawn(move || {
+            let mut peak = 0;
+            for _ in 0..200 {
+                peak = peak.max(rss_kib(pid));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        });
+        let long = rt.block_on(streams(&url, scale.long_streams, 100, 50));
+        let peak = sampler.join().unwrap_or(0);
+        std::thread::sleep(Duration::from_secs(2));
+        println!(
+            "  run {run}: {} concurrent long streams ({} completed, 100 events 50 ms apart): RSS before {:.1} MiB, \
+             peak {:.1} MiB, 2 s after {:.1} MiB",
+            scale.long_streams,
+            long.len(),
+            before_long as f64 / 1024.0,
+            peak as f64 / 1024.0,
+            rss_kib(pid) as f64 / 1024.0
+        );
+    }
     // What capture kept and exported: nothing is hidden behind a drop counter.
     let drain_start = std::time::Instant::now();
     let mut last = u64::MAX;
@@ -432,6 +496,10 @@ pub fn run(scale: &Scale) {
         metric("llmtap_stored_total "),
         spans_received.load(std::sync::atomic::Ordering::Relaxed),
         metric("llmtap_export_lag ")
+    );
+    println!(
+        "  RSS once the capture backlog is stored and exported: {:.1} MiB",
+        rss_kib(pid) as f64 / 1024.0
     );
     let _ = fmt_us;
     drop(targets);
