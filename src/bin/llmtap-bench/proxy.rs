@@ -30,6 +30,8 @@ pub struct Scale {
     pub streams: usize,
     pub stream_events: usize,
     pub long_streams: usize,
+    /// How many times the long-stream load runs (growth from one run to the next would be a leak).
+    pub memory_runs: usize,
 }
 
 pub const FULL: Scale = Scale {
@@ -41,6 +43,7 @@ pub const FULL: Scale = Scale {
     streams: 100,
     stream_events: 200,
     long_streams: 1_000,
+    memory_runs: 3,
 };
 
 pub const SMOKE: Scale = Scale {
@@ -52,6 +55,7 @@ pub const SMOKE: Scale = Scale {
     streams: 5,
     stream_events: 20,
     long_streams: 50,
+    memory_runs: 1,
 };
 
 struct Proc {
@@ -457,11 +461,12 @@ pub fn run(scale: &Scale) {
     let url = targets[3].1.clone();
     println!("memory (llmtap, capture+store+OTLP on):");
     println!("  idle RSS {:.1} MiB", idle_rss as f64 / 1024.0);
-    for run in 1..=3 {
+    for run in 1..=scale.memory_runs {
         let before_long = rss_kib(pid);
         let sampler = std::thread::spawn(move || {
             let mut peak = 0;
-            for _ in 0..200 {
+            // The streams last 5 s (100 events 50 ms apart).
+            for _ in 0..120 {
                 peak = peak.max(rss_kib(pid));
                 std::thread::sleep(Duration::from_millis(50));
             }

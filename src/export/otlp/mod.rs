@@ -163,7 +163,15 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
                 batch
             }
             Ok((_, Err(e))) => {
-                ctx.metrics.store_error(&e);
+                // Nothing is lost: the cursor did not move and the next poll reads the same records again.
+                // SQLite reports a busy store when the writer holds it past the timeout under load; that is
+                // a wait, not a failure.
+                if e.is_busy() {
+                    tracing::debug!(sink = %name, error = %e, "Store busy; export retries");
+                } else {
+                    ctx.metrics.store_error(&e);
+                    tracing::warn!(sink = %name, error = %e, "Reading the store for export failed; retrying");
+                }
                 sleep_or_stop(&stop, IDLE_POLL, deadline).await;
                 continue;
             }
@@ -242,7 +250,14 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             .await
             {
                 Ok((h, Ok(()))) => handles = Some(h),
-                Ok((_, Err(e))) => ctx.metrics.store_error(&e),
+                // The batch is re-sent after a restart (at-least-once), never lost.
+                Ok((_, Err(e))) if e.is_busy() => {
+                    tracing::debug!(sink = %name, error = %e, "Store busy; export cursor not saved")
+                }
+                Ok((_, Err(e))) => {
+                    ctx.metrics.store_error(&e);
+                    tracing::warn!(sink = %name, error = %e, "Saving the export cursor failed");
+                }
                 Err(_) => break,
             }
         }
