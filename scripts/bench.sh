@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks: builds release binaries and prints figures (nothing is asserted).
-#   scripts/bench.sh            full run (~2 minutes): proxy latency/throughput/streams/memory, derivation
-#   scripts/bench.sh --smoke    tiny configuration; CI runs it to check the benchmark still works
+#   scripts/bench.sh            full run (~6 minutes): proxy latency/throughput/streams/memory, export, derivation
+#   scripts/bench.sh --smoke    tiny configuration on the debug build; CI runs it to check the benchmark still works
 #   scripts/bench.sh proxy|derive [--smoke]
 set -euo pipefail
 cd "$(dirname "$0")/.."
