@@ -40,6 +40,7 @@ fn main() {
             derive::run(calls);
         }
         "proxy" => proxy::run(scale),
+        "memory" => proxy::memory(scale),
         "upstream" => report(servers::upstream()),
         "passthrough" => {
             let port = args

@@ -461,30 +461,7 @@ pub fn run(scale: &Scale) {
     let url = targets[3].1.clone();
     println!("memory (llmtap, capture+store+OTLP on):");
     println!("  idle RSS {:.1} MiB", idle_rss as f64 / 1024.0);
-    for run in 1..=scale.memory_runs {
-        let before_long = rss_kib(pid);
-        let sampler = std::thread::spawn(move || {
-            let mut peak = 0;
-            // The streams last 5 s (100 events 50 ms apart).
-            for _ in 0..120 {
-                peak = peak.max(rss_kib(pid));
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            peak
-        });
-        let long = rt.block_on(streams(&url, scale.long_streams, 100, 50));
-        let peak = sampler.join().unwrap_or(0);
-        std::thread::sleep(Duration::from_secs(2));
-        println!(
-            "  run {run}: {} concurrent long streams ({} completed, 100 events 50 ms apart): RSS before {:.1} MiB, \
-             peak {:.1} MiB, 2 s after {:.1} MiB",
-            scale.long_streams,
-            long.len(),
-            before_long as f64 / 1024.0,
-            peak as f64 / 1024.0,
-            rss_kib(pid) as f64 / 1024.0
-        );
-    }
+    long_stream_runs(&rt, pid, &url, scale);
     // What capture kept and exported: nothing is hidden behind a drop counter.
     let drain_start = std::time::Instant::now();
     let mut last = u64::MAX;
@@ -509,6 +486,62 @@ pub fn run(scale: &Scale) {
     let _ = fmt_us;
     drop(targets);
     drop((tap_on, tap_off, passthrough, upstream));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The long-stream load `scale.memory_runs` times against llmtap `pid` at `url`: RSS before, peak, after.
+fn long_stream_runs(rt: &tokio::runtime::Runtime, pid: u32, url: &str, scale: &Scale) {
+    for run in 1..=scale.memory_runs {
+        let before_long = rss_kib(pid);
+        let sampler = std::thread::spawn(move || {
+            let mut peak = 0;
+            // The streams last 5 s (100 events 50 ms apart).
+            for _ in 0..120 {
+                peak = peak.max(rss_kib(pid));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        });
+        let long = rt.block_on(streams(&url, scale.long_streams, 100, 50));
+        let peak = sampler.join().unwrap_or(0);
+        std::thread::sleep(Duration::from_secs(2));
+        println!(
+            "  run {run}: {} concurrent long streams ({} completed, 100 events 50 ms apart): RSS before {:.1} MiB, \
+             peak {:.1} MiB, 2 s after {:.1} MiB",
+            scale.long_streams,
+            long.len(),
+            before_long as f64 / 1024.0,
+            peak as f64 / 1024.0,
+            rss_kib(pid) as f64 / 1024.0
+        );
+    }
+}
+
+/// Memory alone (`llmtap-bench memory`): idle RSS, the long-stream runs, and RSS after a minute and after the
+/// upstream pool's 90 s idle timeout, to tell retained buffers from a leak.
+pub fn memory(scale: &Scale) {
+    let Ok(rt) = super::servers::runtime() else {
+        return;
+    };
+    let upstream = start_upstream();
+    let Ok((otlp_addr, _spans)) = super::servers::otlp_receiver() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("llmtap-bench-memory-{}", std::process::id()));
+    let tap = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir);
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = tap.child.id();
+    println!(
+        "memory (llmtap, capture+store+OTLP on): idle RSS {:.1} MiB",
+        rss_kib(pid) as f64 / 1024.0
+    );
+    let url = format!("http://{}/bench/v1/chat/completions", tap.addr);
+    long_stream_runs(&rt, pid, &url, scale);
+    for wait in [60u64, 35] {
+        std::thread::sleep(Duration::from_secs(wait));
+        println!("  {wait} s later: RSS {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
+    }
+    drop(tap);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
