@@ -502,7 +502,7 @@ fn long_stream_runs(rt: &tokio::runtime::Runtime, pid: u32, url: &str, scale: &S
             }
             peak
         });
-        let long = rt.block_on(streams(&url, scale.long_streams, 100, 50));
+        let long = rt.block_on(streams(url, scale.long_streams, 100, 50));
         let peak = sampler.join().unwrap_or(0);
         std::thread::sleep(Duration::from_secs(2));
         println!(
