@@ -1,9 +1,10 @@
 //! Reading the store: the CLI and the exporters. Readers use their own connection (WAL lets them run while
 //! the writer writes) and stream rows through callbacks, so an export never holds the whole dataset.
 
-use std::io::Read;
+use std::cell::RefCell;
 use std::path::Path;
 
+use flate2::{Decompress, FlushDecompress, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params_from_iter, types::Value as SqlValue};
 
 use super::StoreError;
@@ -60,13 +61,34 @@ pub struct StoreReader {
     conn: Connection,
 }
 
-fn decompress(blob: Option<Vec<u8>>) -> Option<String> {
+thread_local! {
+    /// One inflate state per thread, reset between bodies (the exporter reads thousands of bodies a second).
+    static INFLATE: RefCell<Decompress> = RefCell::new(Decompress::new(true));
+}
+
+/// A body written by `write::compress`; None if the blob is missing, truncated or not UTF-8.
+pub(crate) fn decompress(blob: Option<Vec<u8>>) -> Option<String> {
     let blob = blob?;
-    let mut out = String::new();
-    flate2::read::ZlibDecoder::new(&blob[..])
-        .read_to_string(&mut out)
-        .ok()?;
-    Some(out)
+    INFLATE.with(|d| {
+        let mut d = d.borrow_mut();
+        d.reset(true);
+        let mut out = Vec::with_capacity(blob.len().saturating_mul(4).max(64));
+        loop {
+            if out.len() == out.capacity() {
+                out.reserve(out.capacity());
+            }
+            let before = (d.total_in(), d.total_out());
+            let rest = &blob[d.total_in() as usize..];
+            // Not `Finish`: miniz reads that as "the output buffer holds everything" and fails otherwise.
+            match d.decompress_vec(rest, &mut out, FlushDecompress::None) {
+                Ok(Status::StreamEnd) => return String::from_utf8(out).ok(),
+                // No progress with room to write: the input ended early.
+                Ok(_) if before == (d.total_in(), d.total_out()) && out.len() < out.capacity() => return None,
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+    })
 }
 
 impl StoreReader {
@@ -96,7 +118,7 @@ impl StoreReader {
             "{TRACE_SELECT} WHERE {cond} ORDER BY t.started_us, t.seq{}",
             filter.limit_clause()
         );
-        let mut stmt = self.conn.prepare(&sql)?;
+        let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut rows = stmt.query(params_from_iter(params))?;
         while let Some(row) = rows.next()? {
             f(trace_from_row(row)?)?;
@@ -129,7 +151,7 @@ impl StoreReader {
                 .replace("started_us", "s.started_us"),
             filter.limit_clause()
         );
-        let mut stmt = self.conn.prepare(&sql)?;
+        let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut rows = stmt.query(params_from_iter(params))?;
         while let Some(row) = rows.next()? {
             let id: String = row.get(0)?;
@@ -160,7 +182,7 @@ impl StoreReader {
              WHERE {cond} ORDER BY started_us, trajectory_id{}",
             filter.limit_clause()
         );
-        let mut stmt = self.conn.prepare(&sql)?;
+        let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut rows = stmt.query(params_from_iter(params))?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
@@ -242,7 +264,8 @@ impl StoreReader {
     pub fn export_head(&self) -> Result<i64, StoreError> {
         Ok(self
             .conn
-            .query_row("SELECT COALESCE(MAX(seq), 0) FROM export_log", [], |r| r.get(0))?)
+            .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM export_log")?
+            .query_row([], |r| r.get(0))?)
     }
 
     pub fn count_traces(&self) -> Result<u64, StoreError> {
@@ -354,16 +377,18 @@ impl Cursor {
     pub fn get(&self) -> Result<i64, StoreError> {
         let v: Option<i64> = self
             .conn
-            .query_row("SELECT seq FROM cursors WHERE sink = ?1", [&self.sink], |r| r.get(0))
+            .prepare_cached("SELECT seq FROM cursors WHERE sink = ?1")?
+            .query_row([&self.sink], |r| r.get(0))
             .optional()?;
         Ok(v.unwrap_or(0))
     }
 
     pub fn set(&self, seq: i64) -> Result<(), StoreError> {
-        self.conn.execute(
-            "INSERT INTO cursors (sink, seq) VALUES (?1, ?2) ON CONFLICT(sink) DO UPDATE SET seq = excluded.seq",
-            rusqlite::params![self.sink, seq],
-        )?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO cursors (sink, seq) VALUES (?1, ?2) ON CONFLICT(sink) DO UPDATE SET seq = excluded.seq",
+            )?
+            .execute(rusqlite::params![self.sink, seq])?;
         Ok(())
     }
 }

@@ -4,12 +4,13 @@
 //! feeds the capture queue, which drops when full). Write errors are counted and logged once; the batch is lost
 //! but the thread keeps going, so one bad record cannot stop capture.
 
-use std::io::Write;
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use flate2::{Compress, Compression, FlushCompress, Status};
 use rusqlite::{Connection, params};
 
 use super::{Record, StoreError};
@@ -59,14 +60,22 @@ impl StoreWriter {
     }
 }
 
+/// How long the writer waits for more records before committing a batch.
+const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(10);
+
 fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics: Arc<Metrics>) {
     crate::pipeline::run_in_background();
     let mut last_retention = Instant::now();
     let mut batch = Vec::with_capacity(config.batch_size);
     while let Ok(first) = rx.recv() {
         batch.push(first);
+        // Group commit: a transaction writes every page it touches to the WAL (tables and indexes), so one
+        // exchange per commit cost ~10 page writes; waiting up to GROUP_COMMIT_WAIT for more records shares
+        // them. Only capture latency pays (the step is stored a few ms later), never the data path.
+        let deadline = Instant::now() + GROUP_COMMIT_WAIT;
         while batch.len() < config.batch_size {
-            match rx.try_recv() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
                 Ok(r) => batch.push(r),
                 Err(_) => break,
             }
@@ -96,11 +105,34 @@ fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics:
     let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
 }
 
+thread_local! {
+    /// One deflate state per thread, reset between bodies: `ZlibEncoder::new` allocated and zeroed its ~300 KB
+    /// of tables for every body, which was the largest cost of storing an exchange (see README, Benchmarks).
+    static DEFLATE: RefCell<Compress> = RefCell::new(Compress::new(Compression::fast(), true));
+}
+
+/// zlib-compress a body for the store.
 pub(crate) fn compress(text: &str) -> Vec<u8> {
-    let mut enc = flate2::write::ZlibEncoder::new(Vec::with_capacity(text.len() / 4), flate2::Compression::fast());
-    // Writing into a Vec cannot fail.
-    let _ = enc.write_all(text.as_bytes());
-    enc.finish().unwrap_or_default()
+    DEFLATE.with(|d| {
+        let mut d = d.borrow_mut();
+        d.reset();
+        let input = text.as_bytes();
+        let mut out = Vec::with_capacity(input.len() / 3 + 64);
+        loop {
+            if out.len() == out.capacity() {
+                out.reserve(out.capacity());
+            }
+            let before = (d.total_in(), d.total_out());
+            let rest = &input[d.total_in() as usize..];
+            match d.compress_vec(rest, &mut out, FlushCompress::Finish) {
+                Ok(Status::StreamEnd) => return out,
+                // With room in `out` the encoder always moves; if it did not, give up rather than spin.
+                Ok(_) if before == (d.total_in(), d.total_out()) && out.len() < out.capacity() => return Vec::new(),
+                Ok(_) => {}
+                Err(_) => return Vec::new(),
+            }
+        }
+    })
 }
 
 fn write_batch(conn: &mut Connection, batch: &[Record]) -> Result<(), StoreError> {
