@@ -330,6 +330,11 @@ impl JsonText {
         }
     }
 
+    /// `text` as a JSON string (a body that was not JSON).
+    pub fn string(text: &str) -> JsonText {
+        JsonText(Bytes::from(serde_json::Value::from(text).to_string()))
+    }
+
     /// Text read back from the store (written by `as_str`, so already compact JSON); None → null.
     pub fn from_stored(text: Option<String>) -> JsonText {
         text.map_or_else(JsonText::default, |t| JsonText(Bytes::from(t)))
@@ -412,6 +417,7 @@ mod tests {
         let (_, text) = JsonText::parse(&pretty).unwrap();
         assert_eq!(text.as_str(), r#"{"b":1,"a":"x\ny"}"#);
         assert!(JsonText::parse(&Bytes::from_static(b"{not json")).is_none());
+        assert_eq!(JsonText::string("a \"page\"\n").as_str(), r#""a \"page\"\n""#);
         assert!(JsonText::default().is_null());
         assert_eq!(JsonText::default().as_str(), "null");
         // Serialized inside a record, the body is embedded as JSON, not as a string.

@@ -67,15 +67,11 @@ fn read_body(bytes: &Bytes) -> (Json<'_>, JsonText) {
     if let Some(parsed) = JsonText::parse(bytes) {
         return parsed;
     }
-    let text = String::from_utf8_lossy(bytes);
+    let text = String::from_utf8_lossy(bytes).into_owned();
     if text.trim().is_empty() {
         return (Json::Null, JsonText::default());
     }
-    let text = Value::String(text.into_owned());
-    let kept = JsonText::from_value(&text);
-    let Value::String(text) = text else {
-        return (Json::Null, kept);
-    };
+    let kept = JsonText::string(&text);
     (Json::String(text.into()), kept)
 }
 
@@ -176,4 +172,71 @@ pub fn process(ex: RawExchange) -> Processed {
         trajectory_id: None,
     };
     Processed { trace, call, errors }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::capture::{Api, ExchangeMeta, Outcome, Timings};
+
+    fn captured(content_type: &str, body: &'static [u8]) -> Captured {
+        Captured {
+            headers: vec![("content-type".into(), content_type.into())],
+            body: vec![Bytes::from_static(body)],
+            len: body.len() as u64,
+            truncated: false,
+            ended: true,
+        }
+    }
+
+    fn exchange(status: u16, response: Captured) -> RawExchange {
+        RawExchange {
+            id: "ex1".into(),
+            upstream: Arc::from("openai"),
+            api: Api::OpenAiChat,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            status: Some(status),
+            request: captured(
+                "application/json",
+                br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#,
+            ),
+            response: Some(response),
+            timings: Timings::default(),
+            outcome: Outcome::Complete,
+            error: None,
+            meta: ExchangeMeta::default(),
+        }
+    }
+
+    #[test]
+    fn a_json_body_is_kept_as_received_and_read_through_the_view() {
+        let p = process(exchange(
+            200,
+            captured(
+                "application/json",
+                br#"{"id":"c1","model":"gpt-4o-x","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"yo"}}]}"#,
+            ),
+        ));
+        assert_eq!(
+            p.trace.request.as_str(),
+            r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#
+        );
+        let call = p.call.expect("normalized");
+        assert_eq!(call.output.text.as_deref(), Some("yo"));
+        assert_eq!(p.trace.model.as_deref(), Some("gpt-4o-x"));
+        assert!(!p.trace.streamed);
+    }
+
+    #[test]
+    fn a_non_json_error_page_is_kept_as_a_json_string_and_becomes_the_error_message() {
+        let p = process(exchange(502, captured("text/html", b"<html>Bad gateway</html>")));
+        assert_eq!(p.trace.response.as_str(), r#""<html>Bad gateway</html>""#);
+        let call = p.call.expect("normalized");
+        let error = call.error.expect("an error");
+        assert_eq!(error.kind, "http_502");
+        assert_eq!(error.message, "<html>Bad gateway</html>");
+    }
 }
