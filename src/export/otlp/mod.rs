@@ -169,8 +169,8 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
                 if e.is_busy() {
                     tracing::debug!(sink = %name, error = %e, "Store busy; export retries");
                 } else {
+                    // Counted, and logged once (not on every retry).
                     ctx.metrics.store_error(&e);
-                    tracing::warn!(sink = %name, error = %e, "Reading the store for export failed; retrying");
                 }
                 sleep_or_stop(&stop, IDLE_POLL, deadline).await;
                 continue;
@@ -250,14 +250,12 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             .await
             {
                 Ok((h, Ok(()))) => handles = Some(h),
-                // The batch is re-sent after a restart (at-least-once), never lost.
+                // The next poll reopens the store and sends the batch again from the saved position: at least
+                // once, never lost.
                 Ok((_, Err(e))) if e.is_busy() => {
                     tracing::debug!(sink = %name, error = %e, "Store busy; export cursor not saved")
                 }
-                Ok((_, Err(e))) => {
-                    ctx.metrics.store_error(&e);
-                    tracing::warn!(sink = %name, error = %e, "Saving the export cursor failed");
-                }
+                Ok((_, Err(e))) => ctx.metrics.store_error(&e),
                 Err(_) => break,
             }
         }
