@@ -37,7 +37,11 @@ pub fn redact_headers(headers: &HeaderMap) -> Vec<(String, String)> {
             let v = if is_secret_header(name.as_str()) {
                 REDACTED.to_owned()
             } else {
-                String::from_utf8_lossy(value.as_bytes()).into_owned()
+                // Almost every value is visible ASCII: a plain copy; the lossy decode only for the rest.
+                match value.to_str() {
+                    Ok(v) => v.to_owned(),
+                    Err(_) => String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                }
             };
             (name.as_str().to_owned(), v)
         })
