@@ -8,8 +8,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{
-    AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events, owned_str,
-    str_at, value_str,
+    AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events, value_str,
 };
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
@@ -137,22 +136,14 @@ impl ProviderAdapter for AnthropicMessages {
         Ok(Value::Object(m))
     }
 
-    fn normalize(
-        &self,
-        ctx: &CallContext<'_>,
-        req: &Json<'_>,
-        resp: &Json<'_>,
-    ) -> Result<NormalizedCall, AdapterError> {
-        if !req.is_object() {
-            return Err(AdapterError::RequestNotObject);
-        }
+    fn read_call(&self, ctx: &CallContext<'_>, req: &Json<'_>, resp: &Json<'_>) -> NormalizedCall {
         let system = match req.get("system") {
             Some(s) => Some(content_to_text(s)).filter(|s| !s.is_empty()),
             None => None,
         };
         let mut messages = Vec::new();
         for m in req.get("messages").and_then(Json::as_array).into_iter().flatten() {
-            let role = if str_at(m, "role") == Some("assistant") {
+            let role = if m.str_at("role") == Some("assistant") {
                 Role::Assistant
             } else {
                 Role::User
@@ -167,8 +158,8 @@ impl ProviderAdapter for AnthropicMessages {
             .flatten()
             .filter_map(|t| {
                 Some(ToolDef {
-                    name: owned_str(t, "name").or_else(|| owned_str(t, "type"))?,
-                    description: owned_str(t, "description"),
+                    name: t.owned_str("name").or_else(|| t.owned_str("type"))?,
+                    description: t.owned_str("description"),
                     parameters: t.get("input_schema").map(Json::to_value),
                 })
             })
@@ -177,19 +168,19 @@ impl ProviderAdapter for AnthropicMessages {
         let mut output = Output::default();
         let mut reasoning = Vec::new();
         for b in resp.get("content").and_then(Json::as_array).into_iter().flatten() {
-            match str_at(b, "type").unwrap_or("") {
+            match b.str_at("type").unwrap_or("") {
                 "text" => output
                     .text
                     .get_or_insert_with(String::new)
-                    .push_str(str_at(b, "text").unwrap_or("")),
-                "thinking" => reasoning.push(str_at(b, "thinking").unwrap_or("").to_owned()),
+                    .push_str(b.str_at("text").unwrap_or("")),
+                "thinking" => reasoning.push(b.str_at("thinking").unwrap_or("").to_owned()),
                 "redacted_thinking" => output.reasoning_redacted = true,
                 "tool_use" | "server_tool_use" | "mcp_tool_use" => output.tool_calls.push(tool_call_of(b)),
                 _ => {}
             }
         }
         output.reasoning = join_nonempty(reasoning, "\n");
-        let provider_finish = owned_str(resp, "stop_reason");
+        let provider_finish = resp.owned_str("stop_reason");
         let error = error_from_body(resp, ctx.status);
         let finish_reason = if error.is_some() {
             Some(FinishReason::Error)
@@ -203,10 +194,10 @@ impl ProviderAdapter for AnthropicMessages {
             })
         };
         let usage = resp.get("usage").filter(|u| u.is_object());
-        Ok(NormalizedCall {
-            model_requested: owned_str(req, "model"),
-            model_response: owned_str(resp, "model"),
-            response_id: owned_str(resp, "id"),
+        NormalizedCall {
+            model_requested: req.owned_str("model"),
+            model_response: resp.owned_str("model"),
+            response_id: resp.owned_str("id"),
             system,
             messages,
             tools,
@@ -219,7 +210,7 @@ impl ProviderAdapter for AnthropicMessages {
             max_output_tokens: req.get("max_tokens").and_then(Json::as_u64),
             previous_response_id: None,
             conversation_id: None,
-        })
+        }
     }
 }
 
@@ -239,8 +230,8 @@ fn finish_tool_input(blocks: &mut [Value], partial_json: &mut [Option<String>], 
 
 fn tool_call_of(b: &Json<'_>) -> ToolCall {
     ToolCall {
-        id: owned_str(b, "id").unwrap_or_default(),
-        name: owned_str(b, "name").unwrap_or_default(),
+        id: b.owned_str("id").unwrap_or_default(),
+        name: b.owned_str("name").unwrap_or_default(),
         arguments: parse_arguments(b.field("input")),
     }
 }
@@ -251,16 +242,16 @@ fn blocks_to_parts(content: &Json<'_>) -> Vec<Part> {
         Json::String(s) => vec![Part::Text { text: s.to_string() }],
         Json::Array(blocks) => blocks
             .iter()
-            .filter_map(|b| match str_at(b, "type").unwrap_or("") {
+            .filter_map(|b| match b.str_at("type").unwrap_or("") {
                 "text" => Some(Part::Text {
-                    text: str_at(b, "text").unwrap_or("").to_owned(),
+                    text: b.str_at("text").unwrap_or("").to_owned(),
                 }),
                 "thinking" => Some(Part::Reasoning {
-                    text: str_at(b, "thinking").unwrap_or("").to_owned(),
+                    text: b.str_at("thinking").unwrap_or("").to_owned(),
                 }),
                 "tool_use" | "server_tool_use" | "mcp_tool_use" => Some(Part::ToolCall(tool_call_of(b))),
                 "tool_result" | "mcp_tool_result" => Some(Part::ToolResult {
-                    call_id: owned_str(b, "tool_use_id").unwrap_or_default(),
+                    call_id: b.owned_str("tool_use_id").unwrap_or_default(),
                     name: None,
                     content: content_to_text(b.field("content")),
                     is_error: b.get("is_error").and_then(Json::as_bool).unwrap_or(false),
@@ -268,12 +259,12 @@ fn blocks_to_parts(content: &Json<'_>) -> Vec<Part> {
                 kind @ ("image" | "document") => {
                     let src = b.get("source");
                     let reference = src
-                        .and_then(|s| str_at(s, "url").or(str_at(s, "file_id")).or(str_at(s, "data")))
+                        .and_then(|s| s.str_at("url").or(s.str_at("file_id")).or(s.str_at("data")))
                         .map(media_reference)
                         .unwrap_or_default();
                     Some(Part::Media {
                         reference,
-                        media_type: src.and_then(|s| owned_str(s, "media_type")).or(Some(kind.to_owned())),
+                        media_type: src.and_then(|s| s.owned_str("media_type")).or(Some(kind.to_owned())),
                     })
                 }
                 _ => None,

@@ -8,10 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{
-    AdapterError, CallContext, ProviderAdapter, error_from_body, join_nonempty, json_events, owned_str, str_at,
-    value_str,
-};
+use super::{AdapterError, CallContext, ProviderAdapter, error_from_body, join_nonempty, json_events, value_str};
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
 use crate::model::call::{
@@ -74,22 +71,14 @@ impl ProviderAdapter for Gemini {
         Ok(Value::Object(ordered))
     }
 
-    fn normalize(
-        &self,
-        ctx: &CallContext<'_>,
-        req: &Json<'_>,
-        resp: &Json<'_>,
-    ) -> Result<NormalizedCall, AdapterError> {
-        if !req.is_object() {
-            return Err(AdapterError::RequestNotObject);
-        }
+    fn read_call(&self, ctx: &CallContext<'_>, req: &Json<'_>, resp: &Json<'_>) -> NormalizedCall {
         let system = field(req, "systemInstruction", "system_instruction")
             .map(|s| parts_text(s.get("parts").unwrap_or(s)))
             .filter(|s| !s.is_empty());
         let contents: &[Json<'_>] = req.get("contents").and_then(Json::as_array).unwrap_or(&[]);
         let mut messages: Vec<Message> = Vec::new();
         for (i, c) in contents.iter().enumerate() {
-            let role = match str_at(c, "role") {
+            let role = match c.str_at("role") {
                 Some("model") => Role::Assistant,
                 _ => Role::User,
             };
@@ -101,8 +90,9 @@ impl ProviderAdapter for Gemini {
                     out.push(Part::ToolCall(function_call(fc, i, call_n)));
                     call_n += 1;
                 } else if let Some(fr) = field(p, "functionResponse", "function_response") {
-                    let name = owned_str(fr, "name").unwrap_or_default();
-                    let call_id = owned_str(fr, "id")
+                    let name = fr.owned_str("name").unwrap_or_default();
+                    let call_id = fr
+                        .owned_str("id")
                         .or_else(|| match_function_response(&messages, &out, &name))
                         .unwrap_or_else(|| format!("gemini:{name}"));
                     let response = fr.field("response");
@@ -130,8 +120,8 @@ impl ProviderAdapter for Gemini {
                         .iter()
                         .filter_map(|d| {
                             Some(ToolDef {
-                                name: owned_str(d, "name")?,
-                                description: owned_str(d, "description"),
+                                name: d.owned_str("name")?,
+                                description: d.owned_str("description"),
                                 parameters: d
                                     .get("parameters")
                                     .or_else(|| d.get("parametersJsonSchema"))
@@ -169,7 +159,7 @@ impl ProviderAdapter for Gemini {
             if let Some(fc) = field(p, "functionCall", "function_call") {
                 output.tool_calls.push(function_call(fc, contents.len(), call_n));
                 call_n += 1;
-            } else if let Some(t) = str_at(p, "text") {
+            } else if let Some(t) = p.str_at("text") {
                 if p.get("thought").and_then(Json::as_bool).unwrap_or(false) {
                     reasoning.push(t.to_owned());
                 } else {
@@ -179,7 +169,7 @@ impl ProviderAdapter for Gemini {
         }
         output.text = Some(text.concat()).filter(|t| !t.is_empty());
         output.reasoning = join_nonempty(reasoning, "");
-        let provider_finish = candidate.and_then(|c| owned_str(c, "finishReason"));
+        let provider_finish = candidate.and_then(|c| c.owned_str("finishReason"));
         let error = error_from_body(resp, ctx.status);
         let finish_reason = if error.is_some() {
             Some(FinishReason::Error)
@@ -198,10 +188,10 @@ impl ProviderAdapter for Gemini {
         };
         let usage = resp.get("usageMetadata").filter(|u| u.is_object());
         let gen_config = field(req, "generationConfig", "generation_config");
-        Ok(NormalizedCall {
-            model_requested: model_from_path(ctx.path).or_else(|| owned_str(req, "model")),
-            model_response: owned_str(resp, "modelVersion"),
-            response_id: owned_str(resp, "responseId"),
+        NormalizedCall {
+            model_requested: model_from_path(ctx.path).or_else(|| req.owned_str("model")),
+            model_response: resp.owned_str("modelVersion"),
+            response_id: resp.owned_str("responseId"),
             system,
             messages,
             tools,
@@ -216,7 +206,7 @@ impl ProviderAdapter for Gemini {
                 .and_then(Json::as_u64),
             previous_response_id: None,
             conversation_id: None,
-        })
+        }
     }
 }
 
@@ -229,9 +219,11 @@ fn model_from_path(path: &str) -> Option<String> {
 }
 
 fn function_call(fc: &Json<'_>, message_index: usize, n: usize) -> ToolCall {
-    let name = owned_str(fc, "name").unwrap_or_default();
+    let name = fc.owned_str("name").unwrap_or_default();
     ToolCall {
-        id: owned_str(fc, "id").unwrap_or_else(|| format!("gemini:{message_index}:{n}")),
+        id: fc
+            .owned_str("id")
+            .unwrap_or_else(|| format!("gemini:{message_index}:{n}")),
         name,
         arguments: fc.get("args").map_or_else(|| json!({}), Json::to_value),
     }
@@ -259,7 +251,7 @@ fn match_function_response(messages: &[Message], current: &[Part], name: &str) -
 }
 
 fn content_part(p: &Json<'_>) -> Option<Part> {
-    if let Some(t) = str_at(p, "text") {
+    if let Some(t) = p.str_at("text") {
         return Some(if p.get("thought").and_then(Json::as_bool).unwrap_or(false) {
             Part::Reasoning { text: t.to_owned() }
         } else {
@@ -268,7 +260,7 @@ fn content_part(p: &Json<'_>) -> Option<Part> {
     }
     if let Some(d) = field(p, "inlineData", "inline_data") {
         return Some(Part::Media {
-            reference: media_reference(str_at(d, "data").unwrap_or("")),
+            reference: media_reference(d.str_at("data").unwrap_or("")),
             media_type: field(d, "mimeType", "mime_type")
                 .and_then(Json::as_str)
                 .map(str::to_owned),
@@ -292,11 +284,11 @@ fn parts_text(parts: &Json<'_>) -> String {
     match parts {
         Json::Array(ps) => ps
             .iter()
-            .filter_map(|p| str_at(p, "text"))
+            .filter_map(|p| p.str_at("text"))
             .collect::<Vec<_>>()
             .join("\n"),
         Json::String(s) => s.to_string(),
-        other => str_at(other, "text").unwrap_or("").to_owned(),
+        other => other.str_at("text").unwrap_or("").to_owned(),
     }
 }
 

@@ -38,14 +38,23 @@ pub trait ProviderAdapter: Send + Sync + 'static {
     /// Rebuild the response JSON a non-streamed call would have returned. A mid-stream error is kept as a
     /// top-level `error` member next to whatever was generated before it.
     fn reassemble(&self, events: &[SseEvent]) -> Result<Value, AdapterError>;
-    /// Read the call. `response` is Null when there was none (upstream unreachable). Both bodies are borrowed
-    /// views (see `model::json`): normalization copies only what the normalized call keeps.
+    /// Read the call from a request that is a JSON object. `response` is Null when there was none (upstream
+    /// unreachable). Both bodies are borrowed views (see `model::json`): the adapter copies only what the
+    /// normalized call keeps.
+    fn read_call(&self, ctx: &CallContext<'_>, request: &Json<'_>, response: &Json<'_>) -> NormalizedCall;
+
+    /// Read the call; a request that is not a JSON object has nothing to normalize.
     fn normalize(
         &self,
         ctx: &CallContext<'_>,
         request: &Json<'_>,
         response: &Json<'_>,
-    ) -> Result<NormalizedCall, AdapterError>;
+    ) -> Result<NormalizedCall, AdapterError> {
+        if !request.is_object() {
+            return Err(AdapterError::RequestNotObject);
+        }
+        Ok(self.read_call(ctx, request, response))
+    }
 }
 
 /// The closed set of adapters.
@@ -79,14 +88,6 @@ pub(crate) fn value_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(Value::as_str)
 }
 
-pub(crate) fn str_at<'a>(v: &'a Json<'_>, key: &str) -> Option<&'a str> {
-    v.get(key).and_then(Json::as_str)
-}
-
-pub(crate) fn owned_str(v: &Json<'_>, key: &str) -> Option<String> {
-    str_at(v, key).map(str::to_owned)
-}
-
 /// Append `add` to the string at `obj[key]` (creating it).
 pub(crate) fn append_str(obj: &mut Map<String, Value>, key: &str, add: &str) {
     match obj.get_mut(key) {
@@ -113,7 +114,7 @@ pub(crate) fn error_from_body(body: &Json<'_>, status: Option<u16>) -> Option<Ca
                 .unwrap_or_else(|| "error".to_owned());
             let message = match e {
                 Json::String(s) => s.to_string(),
-                _ => str_at(e, "message").map(str::to_owned).unwrap_or_else(|| e.to_string()),
+                _ => e.str_at("message").map(str::to_owned).unwrap_or_else(|| e.to_string()),
             };
             Some(CallError { kind, message })
         }

@@ -6,10 +6,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{
-    AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events, owned_str,
-    str_at,
-};
+use super::{AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events};
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
 use crate::model::call::{
@@ -130,28 +127,21 @@ impl ProviderAdapter for OpenAiChat {
         Ok(Value::Object(ordered))
     }
 
-    fn normalize(
-        &self,
-        ctx: &CallContext<'_>,
-        req: &Json<'_>,
-        resp: &Json<'_>,
-    ) -> Result<NormalizedCall, AdapterError> {
-        if !req.is_object() {
-            return Err(AdapterError::RequestNotObject);
-        }
+    fn read_call(&self, ctx: &CallContext<'_>, req: &Json<'_>, resp: &Json<'_>) -> NormalizedCall {
         let mut system = Vec::new();
         let mut messages = Vec::new();
         for m in req.get("messages").and_then(Json::as_array).into_iter().flatten() {
-            match str_at(m, "role").unwrap_or("user") {
+            match m.str_at("role").unwrap_or("user") {
                 "system" | "developer" => system.push(content_to_text(m.field("content"))),
                 "assistant" => messages.push(assistant_message(m)),
                 "tool" | "function" => messages.push(Message {
                     role: Role::Tool,
                     parts: vec![Part::ToolResult {
-                        call_id: owned_str(m, "tool_call_id")
-                            .or_else(|| owned_str(m, "name"))
+                        call_id: m
+                            .owned_str("tool_call_id")
+                            .or_else(|| m.owned_str("name"))
                             .unwrap_or_default(),
-                        name: owned_str(m, "name"),
+                        name: m.owned_str("name"),
                         content: content_to_text(m.field("content")),
                         is_error: false,
                     }],
@@ -171,8 +161,8 @@ impl ProviderAdapter for OpenAiChat {
             .chain(req.get("functions").and_then(Json::as_array).into_iter().flatten())
             .filter_map(|f| {
                 Some(ToolDef {
-                    name: owned_str(f, "name")?,
-                    description: owned_str(f, "description"),
+                    name: f.owned_str("name")?,
+                    description: f.owned_str("description"),
                     parameters: f.get("parameters").map(Json::to_value),
                 })
             })
@@ -181,17 +171,17 @@ impl ProviderAdapter for OpenAiChat {
         let choice = resp.get("choices").and_then(|c| c.at(0));
         let message = choice.and_then(|c| c.get("message"));
         let output = message.map(output_of).unwrap_or_default();
-        let provider_finish = choice.and_then(|c| owned_str(c, "finish_reason"));
+        let provider_finish = choice.and_then(|c| c.owned_str("finish_reason"));
         let error = error_from_body(resp, ctx.status);
         let finish_reason = provider_finish
             .as_deref()
             .map(map_finish_reason)
             .or(error.as_ref().map(|_| FinishReason::Error));
         let usage = resp.get("usage").filter(|u| u.is_object());
-        Ok(NormalizedCall {
-            model_requested: owned_str(req, "model"),
-            model_response: owned_str(resp, "model"),
-            response_id: owned_str(resp, "id"),
+        NormalizedCall {
+            model_requested: req.owned_str("model"),
+            model_response: resp.owned_str("model"),
+            response_id: resp.owned_str("id"),
             system: join_nonempty(system, "\n\n"),
             messages,
             tools,
@@ -207,7 +197,7 @@ impl ProviderAdapter for OpenAiChat {
                 .or_else(|| req.get("max_tokens").and_then(Json::as_u64)),
             previous_response_id: None,
             conversation_id: None,
-        })
+        }
     }
 }
 
@@ -271,9 +261,9 @@ fn user_parts(content: &Json<'_>) -> Vec<Part> {
     match content {
         Json::Array(parts) => parts
             .iter()
-            .filter_map(|p| match str_at(p, "type") {
+            .filter_map(|p| match p.str_at("type") {
                 Some("text") | Some("input_text") => Some(Part::Text {
-                    text: str_at(p, "text").unwrap_or("").to_owned(),
+                    text: p.str_at("text").unwrap_or("").to_owned(),
                 }),
                 Some("image_url") => {
                     let url = p
@@ -301,9 +291,9 @@ fn user_parts(content: &Json<'_>) -> Vec<Part> {
                     reference: p
                         .get("file")
                         .and_then(|f| {
-                            str_at(f, "file_id")
+                            f.str_at("file_id")
                                 .map(str::to_owned)
-                                .or_else(|| str_at(f, "file_data").map(media_reference))
+                                .or_else(|| f.str_at("file_data").map(media_reference))
                         })
                         .unwrap_or_default(),
                     media_type: Some("file".into()),
@@ -327,8 +317,8 @@ fn tool_calls_of(message: &Json<'_>) -> Vec<ToolCall> {
         .filter_map(|c| {
             let f = c.get("function")?;
             Some(ToolCall {
-                id: owned_str(c, "id").unwrap_or_default(),
-                name: owned_str(f, "name").unwrap_or_default(),
+                id: c.owned_str("id").unwrap_or_default(),
+                name: f.owned_str("name").unwrap_or_default(),
                 arguments: parse_arguments(f.field("arguments")),
             })
         })
@@ -336,8 +326,8 @@ fn tool_calls_of(message: &Json<'_>) -> Vec<ToolCall> {
     // Legacy single `function_call` (no id: the function name stands in).
     if let Some(f) = message.get("function_call").filter(|f| f.is_object()) {
         calls.push(ToolCall {
-            id: owned_str(f, "name").unwrap_or_default(),
-            name: owned_str(f, "name").unwrap_or_default(),
+            id: f.owned_str("name").unwrap_or_default(),
+            name: f.owned_str("name").unwrap_or_default(),
             arguments: parse_arguments(f.field("arguments")),
         });
     }
@@ -348,7 +338,7 @@ fn tool_calls_of(message: &Json<'_>) -> Vec<ToolCall> {
 fn reasoning_of(message: &Json<'_>) -> Option<String> {
     ["reasoning_content", "reasoning"]
         .iter()
-        .find_map(|k| str_at(message, k).filter(|s| !s.is_empty()).map(str::to_owned))
+        .find_map(|k| message.str_at(k).filter(|s| !s.is_empty()).map(str::to_owned))
 }
 
 fn assistant_message(m: &Json<'_>) -> Message {
@@ -373,7 +363,7 @@ fn output_of(message: &Json<'_>) -> Output {
         text: Some(text).filter(|t| !t.is_empty()),
         reasoning: reasoning_of(message),
         reasoning_redacted: false,
-        refusal: owned_str(message, "refusal").filter(|r| !r.is_empty()),
+        refusal: message.owned_str("refusal").filter(|r| !r.is_empty()),
         tool_calls: tool_calls_of(message),
     }
 }

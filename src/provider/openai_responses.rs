@@ -8,8 +8,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{
-    AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events, owned_str,
-    str_at, value_str,
+    AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events, value_str,
 };
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
@@ -119,16 +118,8 @@ impl ProviderAdapter for OpenAiResponses {
         Ok(Value::Object(out))
     }
 
-    fn normalize(
-        &self,
-        ctx: &CallContext<'_>,
-        req: &Json<'_>,
-        resp: &Json<'_>,
-    ) -> Result<NormalizedCall, AdapterError> {
-        if !req.is_object() {
-            return Err(AdapterError::RequestNotObject);
-        }
-        let mut system: Vec<String> = owned_str(req, "instructions").into_iter().collect();
+    fn read_call(&self, ctx: &CallContext<'_>, req: &Json<'_>, resp: &Json<'_>) -> NormalizedCall {
+        let mut system: Vec<String> = req.owned_str("instructions").into_iter().collect();
         let mut messages: Vec<Message> = Vec::new();
         match req.get("input") {
             Some(Json::String(s)) => messages.push(Message {
@@ -148,10 +139,10 @@ impl ProviderAdapter for OpenAiResponses {
             .into_iter()
             .flatten()
             .filter_map(|t| {
-                let name = owned_str(t, "name").or_else(|| owned_str(t, "type"))?;
+                let name = t.owned_str("name").or_else(|| t.owned_str("type"))?;
                 Some(ToolDef {
                     name,
-                    description: owned_str(t, "description"),
+                    description: t.owned_str("description"),
                     parameters: t.get("parameters").map(Json::to_value),
                 })
             })
@@ -161,12 +152,12 @@ impl ProviderAdapter for OpenAiResponses {
         for item in resp.get("output").and_then(Json::as_array).into_iter().flatten() {
             read_output_item(item, &mut output);
         }
-        let status = str_at(resp, "status");
+        let status = resp.str_at("status");
         let error = error_from_body(resp, ctx.status);
         let provider_finish = match status {
             Some("incomplete") => resp
                 .get("incomplete_details")
-                .and_then(|d| owned_str(d, "reason"))
+                .and_then(|d| d.owned_str("reason"))
                 .or(Some("incomplete".into())),
             Some(s) => Some(s.to_owned()),
             None => None,
@@ -185,10 +176,10 @@ impl ProviderAdapter for OpenAiResponses {
             }
         };
         let usage = resp.get("usage").filter(|u| u.is_object());
-        Ok(NormalizedCall {
-            model_requested: owned_str(req, "model"),
-            model_response: owned_str(resp, "model"),
-            response_id: owned_str(resp, "id"),
+        NormalizedCall {
+            model_requested: req.owned_str("model"),
+            model_response: resp.owned_str("model"),
+            response_id: resp.owned_str("id"),
             system: join_nonempty(system, "\n\n"),
             messages,
             tools,
@@ -205,13 +196,13 @@ impl ProviderAdapter for OpenAiResponses {
             raw_usage: usage.map(Json::to_value),
             error,
             max_output_tokens: req.get("max_output_tokens").and_then(Json::as_u64),
-            previous_response_id: owned_str(req, "previous_response_id"),
+            previous_response_id: req.owned_str("previous_response_id"),
             conversation_id: match req.get("conversation") {
                 Some(Json::String(s)) => Some(s.to_string()),
-                Some(c) => owned_str(c, "id"),
+                Some(c) => c.owned_str("id"),
                 None => None,
             },
-        })
+        }
     }
 }
 
@@ -250,21 +241,23 @@ fn text_parts(content: &Json<'_>) -> Vec<Part> {
         Json::String(s) => vec![Part::Text { text: s.to_string() }],
         Json::Array(parts) => parts
             .iter()
-            .filter_map(|p| match str_at(p, "type") {
+            .filter_map(|p| match p.str_at("type") {
                 Some("input_text") | Some("output_text") | Some("text") => Some(Part::Text {
-                    text: str_at(p, "text").unwrap_or("").to_owned(),
+                    text: p.str_at("text").unwrap_or("").to_owned(),
                 }),
                 Some("input_image") => Some(Part::Media {
-                    reference: str_at(p, "image_url")
-                        .or(str_at(p, "file_id"))
+                    reference: p
+                        .str_at("image_url")
+                        .or(p.str_at("file_id"))
                         .map(media_reference)
                         .unwrap_or_default(),
                     media_type: Some("image".into()),
                 }),
                 Some("input_file") => Some(Part::Media {
-                    reference: str_at(p, "file_id")
+                    reference: p
+                        .str_at("file_id")
                         .map(str::to_owned)
-                        .or_else(|| str_at(p, "file_data").map(media_reference))
+                        .or_else(|| p.str_at("file_data").map(media_reference))
                         .unwrap_or_default(),
                     media_type: Some("file".into()),
                 }),
@@ -280,7 +273,7 @@ fn summary_text(item: &Json<'_>) -> String {
         .and_then(Json::as_array)
         .into_iter()
         .flatten()
-        .filter_map(|s| str_at(s, "text"))
+        .filter_map(|s| s.str_at("text"))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -291,18 +284,19 @@ fn tool_call_of(item: &Json<'_>) -> ToolCall {
         .or_else(|| item.get("input"))
         .unwrap_or(&Json::Null);
     ToolCall {
-        id: owned_str(item, "call_id")
-            .or_else(|| owned_str(item, "id"))
+        id: item
+            .owned_str("call_id")
+            .or_else(|| item.owned_str("id"))
             .unwrap_or_default(),
-        name: owned_str(item, "name").unwrap_or_default(),
+        name: item.owned_str("name").unwrap_or_default(),
         arguments: parse_arguments(raw),
     }
 }
 
 fn read_input_item(item: &Json<'_>, system: &mut Vec<String>, messages: &mut Vec<Message>) {
-    let kind = str_at(item, "type").unwrap_or("message");
+    let kind = item.str_at("type").unwrap_or("message");
     match kind {
-        "message" => match str_at(item, "role").unwrap_or("user") {
+        "message" => match item.str_at("role").unwrap_or("user") {
             "system" | "developer" => system.push(content_to_text(item.field("content"))),
             "assistant" => {
                 for p in text_parts(item.field("content")) {
@@ -327,7 +321,7 @@ fn read_input_item(item: &Json<'_>, system: &mut Vec<String>, messages: &mut Vec
             messages,
             Role::Tool,
             Part::ToolResult {
-                call_id: owned_str(item, "call_id").unwrap_or_default(),
+                call_id: item.owned_str("call_id").unwrap_or_default(),
                 name: None,
                 content: content_to_text(item.field("output")),
                 is_error: false,
@@ -338,15 +332,15 @@ fn read_input_item(item: &Json<'_>, system: &mut Vec<String>, messages: &mut Vec
 }
 
 fn read_output_item(item: &Json<'_>, out: &mut Output) {
-    match str_at(item, "type").unwrap_or("") {
+    match item.str_at("type").unwrap_or("") {
         "message" => {
             for p in item.get("content").and_then(Json::as_array).into_iter().flatten() {
-                match str_at(p, "type") {
+                match p.str_at("type") {
                     Some("output_text") => {
                         let t = out.text.get_or_insert_with(String::new);
-                        t.push_str(str_at(p, "text").unwrap_or(""));
+                        t.push_str(p.str_at("text").unwrap_or(""));
                     }
-                    Some("refusal") => out.refusal = owned_str(p, "refusal"),
+                    Some("refusal") => out.refusal = p.owned_str("refusal"),
                     _ => {}
                 }
             }

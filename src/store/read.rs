@@ -1,13 +1,12 @@
 //! Reading the store: the CLI and the exporters. Readers use their own connection (WAL lets them run while
 //! the writer writes) and stream rows through callbacks, so an export never holds the whole dataset.
 
-use std::cell::RefCell;
 use std::path::Path;
 
-use flate2::{Decompress, FlushDecompress, Status};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params_from_iter, types::Value as SqlValue};
 
 use super::StoreError;
+use super::codec::decompress;
 use crate::capture::{Api, ExchangeMeta, Outcome, Timings};
 use crate::config::StoreConfig;
 use crate::model::json::JsonText;
@@ -59,36 +58,6 @@ pub struct SessionRow {
 
 pub struct StoreReader {
     conn: Connection,
-}
-
-thread_local! {
-    /// One inflate state per thread, reset between bodies (the exporter reads thousands of bodies a second).
-    static INFLATE: RefCell<Decompress> = RefCell::new(Decompress::new(true));
-}
-
-/// A body written by `write::compress`; None if the blob is missing, truncated or not UTF-8.
-pub(crate) fn decompress(blob: Option<Vec<u8>>) -> Option<String> {
-    let blob = blob?;
-    INFLATE.with(|d| {
-        let mut d = d.borrow_mut();
-        d.reset(true);
-        let mut out = Vec::with_capacity(blob.len().saturating_mul(4).max(64));
-        loop {
-            if out.len() == out.capacity() {
-                out.reserve(out.capacity());
-            }
-            let before = (d.total_in(), d.total_out());
-            let rest = &blob[d.total_in() as usize..];
-            // Not `Finish`: miniz reads that as "the output buffer holds everything" and fails otherwise.
-            match d.decompress_vec(rest, &mut out, FlushDecompress::None) {
-                Ok(Status::StreamEnd) => return String::from_utf8(out).ok(),
-                // No progress with room to write: the input ended early.
-                Ok(_) if before == (d.total_in(), d.total_out()) && out.len() < out.capacity() => return None,
-                Ok(_) => {}
-                Err(_) => return None,
-            }
-        }
-    })
 }
 
 impl StoreReader {

@@ -4,15 +4,14 @@
 //! feeds the capture queue, which drops when full). Write errors are counted and logged once; the batch is lost
 //! but the thread keeps going, so one bad record cannot stop capture.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use flate2::{Compress, Compression, FlushCompress, Status};
 use rusqlite::{Connection, params};
 
+use super::codec::compress;
 use super::{Record, StoreError};
 use crate::config::StoreConfig;
 use crate::model::json::JsonText;
@@ -103,36 +102,6 @@ fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics:
         }
     }
     let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
-}
-
-thread_local! {
-    /// One deflate state per thread, reset between bodies: `ZlibEncoder::new` allocated and zeroed its ~300 KB
-    /// of tables for every body, which was the largest cost of storing an exchange (see README, Benchmarks).
-    static DEFLATE: RefCell<Compress> = RefCell::new(Compress::new(Compression::fast(), true));
-}
-
-/// zlib-compress a body for the store.
-pub(crate) fn compress(text: &str) -> Vec<u8> {
-    DEFLATE.with(|d| {
-        let mut d = d.borrow_mut();
-        d.reset();
-        let input = text.as_bytes();
-        let mut out = Vec::with_capacity(input.len() / 3 + 64);
-        loop {
-            if out.len() == out.capacity() {
-                out.reserve(out.capacity());
-            }
-            let before = (d.total_in(), d.total_out());
-            let rest = &input[d.total_in() as usize..];
-            match d.compress_vec(rest, &mut out, FlushCompress::Finish) {
-                Ok(Status::StreamEnd) => return out,
-                // With room in `out` the encoder always moves; if it did not, give up rather than spin.
-                Ok(_) if before == (d.total_in(), d.total_out()) && out.len() < out.capacity() => return Vec::new(),
-                Ok(_) => {}
-                Err(_) => return Vec::new(),
-            }
-        }
-    })
 }
 
 fn write_batch(conn: &mut Connection, batch: &[Record]) -> Result<(), StoreError> {

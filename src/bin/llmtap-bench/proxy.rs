@@ -17,7 +17,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use super::servers::chat_request_body;
-use super::stats::{Summary, fmt_delta_us, fmt_rate, fmt_us};
+use super::stats::{Summary, fmt_delta_us, fmt_rate};
 
 pub struct Scale {
     /// Every measurement runs in this many rounds, each round visiting every target in turn, so a slow
@@ -483,7 +483,6 @@ pub fn run(scale: &Scale) {
         "  RSS once the capture backlog is stored and exported: {:.1} MiB",
         rss_kib(pid) as f64 / 1024.0
     );
-    let _ = fmt_us;
     drop(targets);
     drop((tap_on, tap_off, passthrough, upstream));
     let _ = std::fs::remove_dir_all(&dir);
@@ -520,47 +519,71 @@ fn long_stream_runs(rt: &tokio::runtime::Runtime, pid: u32, url: &str, scale: &S
 /// Memory alone (`llmtap-bench memory`): idle RSS, the long-stream runs, and RSS after a minute and after the
 /// upstream pool's 90 s idle timeout, to tell retained buffers from a leak.
 pub fn memory(scale: &Scale) {
-    let Ok(rt) = super::servers::runtime() else {
+    let Some(stack) = CaptureStack::start("memory") else {
         return;
     };
-    let upstream = start_upstream();
-    let Ok((otlp_addr, _spans)) = super::servers::otlp_receiver() else {
-        return;
-    };
-    let dir = std::env::temp_dir().join(format!("llmtap-bench-memory-{}", std::process::id()));
-    let tap = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir);
     std::thread::sleep(Duration::from_millis(300));
-    let pid = tap.child.id();
+    let pid = stack.tap.child.id();
     println!(
         "memory (llmtap, capture+store+OTLP on): idle RSS {:.1} MiB",
         rss_kib(pid) as f64 / 1024.0
     );
-    let url = format!("http://{}/bench/v1/chat/completions", tap.addr);
-    long_stream_runs(&rt, pid, &url, scale);
+    long_stream_runs(&stack.rt, pid, &stack.url, scale);
     for wait in [60u64, 35] {
         std::thread::sleep(Duration::from_secs(wait));
         println!("  {wait} s later: RSS {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
     }
-    drop(tap);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An upstream, an OTLP receiver and llmtap with capture + store + OTLP export on, for the single-target modes.
+struct CaptureStack {
+    rt: tokio::runtime::Runtime,
+    /// Spans the receiver has accepted.
+    spans: Arc<std::sync::atomic::AtomicU64>,
+    url: String,
+    dir: PathBuf,
+    tap: Proc,
+    _upstream: Proc,
+}
+
+impl CaptureStack {
+    fn start(mode: &str) -> Option<CaptureStack> {
+        let rt = super::servers::runtime().ok()?;
+        let upstream = start_upstream();
+        let (otlp_addr, spans) = super::servers::otlp_receiver().ok()?;
+        let dir = std::env::temp_dir().join(format!("llmtap-bench-{mode}-{}", std::process::id()));
+        let tap = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir);
+        let url = format!("http://{}/bench/v1/chat/completions", tap.addr);
+        Some(CaptureStack {
+            rt,
+            spans,
+            url,
+            dir,
+            tap,
+            _upstream: upstream,
+        })
+    }
+}
+
+impl Drop for CaptureStack {
+    fn drop(&mut self) {
+        // llmtap must be gone before its data directory is.
+        let _ = self.tap.child.kill();
+        let _ = self.tap.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Export throughput: `n` calls through llmtap (capture, store, OTLP/gRPC to a local receiver) at a rate the
 /// pipeline keeps up with, then the time until the receiver holds every chat span. Prints spans/s from the
 /// first call to the last span received, and the receiver-side rate once traffic stopped.
 pub fn export(n: usize) {
-    let Ok(rt) = super::servers::runtime() else {
+    let Some(stack) = CaptureStack::start("export") else {
         return;
     };
-    let upstream = start_upstream();
-    let Ok((otlp_addr, spans)) = super::servers::otlp_receiver() else {
-        return;
-    };
-    let dir = std::env::temp_dir().join(format!("llmtap-bench-export-{}", std::process::id()));
-    let tap = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir);
-    let url = format!("http://{}/bench/v1/chat/completions", tap.addr);
+    let spans = &stack.spans;
     let t0 = std::time::Instant::now();
-    let _ = rt.block_on(latency(&url, n, 2000));
+    let _ = stack.rt.block_on(latency(&stack.url, n, 2000));
     let sent = t0.elapsed();
     let received = || spans.load(std::sync::atomic::Ordering::Relaxed) as usize;
     let at_end_of_traffic = received();
@@ -580,6 +603,4 @@ pub fn export(n: usize) {
         received() as f64 / total.as_secs_f64(),
         (received() - at_end_of_traffic) as f64 / after.max(0.001)
     );
-    drop(tap);
-    let _ = std::fs::remove_dir_all(&dir);
 }
