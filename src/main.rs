@@ -69,7 +69,11 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Serve { store, listen } => {
             let config = resolve_config(&store, listen)?;
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                // Captured exchanges go to the pipeline when a worker runs out of work (see capture::handoff).
+                .on_thread_park(llmtap::capture::handoff::send_pending)
+                .build()?;
             rt.block_on(async move {
                 let shutdown = CancellationToken::new();
                 let signal = shutdown.clone();

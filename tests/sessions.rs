@@ -360,14 +360,14 @@ fn derive_in_order(calls: &[Fixture]) -> Vec<Value> {
             path: f.upstream_path.clone(),
             status: Some(f.status),
             request: Captured {
-                headers: vec![],
+                headers: Default::default(),
                 body: vec![f.request.clone().into()],
                 len: f.request.len() as u64,
                 truncated: false,
                 ended: true,
             },
             response: Some(Captured {
-                headers,
+                headers: headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
                 body: vec![f.body.clone().into()],
                 len: f.body.len() as u64,
                 truncated: false,

@@ -161,8 +161,8 @@ pub fn process(ex: RawExchange) -> Processed {
         timings: ex.timings,
         request_bytes: ex.request.len,
         response_bytes: ex.response.as_ref().map_or(0, |r| r.len),
-        request_headers: ex.request.headers,
-        response_headers: ex.response.map(|r| r.headers).unwrap_or_default(),
+        request_headers: ex.request.headers.to_pairs(),
+        response_headers: ex.response.map(|r| r.headers.to_pairs()).unwrap_or_default(),
         request,
         response,
         raw_response,
@@ -183,7 +183,7 @@ mod tests {
 
     fn captured(content_type: &str, body: &'static [u8]) -> Captured {
         Captured {
-            headers: vec![("content-type".into(), content_type.into())],
+            headers: [("content-type", content_type)].into_iter().collect(),
             body: vec![Bytes::from_static(body)],
             len: body.len() as u64,
             truncated: false,

@@ -1,7 +1,7 @@
 //! The data path: accept loop, per-connection hyper server (HTTP/1.1 and h2c), and the per-request handler.
 //!
 //! The handler does routing, header rewriting and wiring of the taps; it never parses a body. The only contact
-//! with the pipeline is the `CaptureTx::try_send` made when the response tap finishes (or here, when the
+//! with the pipeline is the `CaptureTx::send_when_idle` made when the response tap finishes (or here, when the
 //! upstream could not be reached at all).
 
 pub mod forward;
@@ -220,7 +220,7 @@ impl Proxy {
                     p.exchange.timings.end = now_micros();
                     p.exchange.outcome = Outcome::UpstreamError;
                     p.exchange.error = Some(error.to_string());
-                    p.capture_tx.try_send(p.exchange);
+                    p.capture_tx.send_when_idle(p.exchange);
                 }
                 return Err(error);
             }
@@ -241,28 +241,39 @@ impl Proxy {
     }
 }
 
-/// Session metadata: `x-llmtap-*` headers win over the path form.
+/// Session metadata: `x-llmtap-*` headers win over the path form. One pass over the headers rather than a map
+/// lookup per name (each hashed a non-standard name); the first non-empty value of a name counts.
 fn exchange_meta(headers: &http::HeaderMap, path_session: Option<String>, path_agent: Option<String>) -> ExchangeMeta {
-    let get = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned)
-    };
+    let (mut session, mut agent, mut tags, mut traceparent) = (None, None, None, None);
+    for (name, value) in headers {
+        let slot = match name.as_str() {
+            "x-llmtap-session" => &mut session,
+            "x-llmtap-agent" => &mut agent,
+            "x-llmtap-tags" => &mut tags,
+            "traceparent" => &mut traceparent,
+            _ => continue,
+        };
+        if slot.is_none() {
+            *slot = value
+                .to_str()
+                .ok()
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned);
+        }
+    }
     ExchangeMeta {
-        session: get("x-llmtap-session").or(path_session),
-        agent: get("x-llmtap-agent").or(path_agent),
-        tags: get("x-llmtap-tags")
-            .map(|t| {
+        session: session.or(path_session),
+        agent: agent.or(path_agent),
+        tags: tags
+            .map(|t: String| {
                 t.split(',')
                     .map(|s| s.trim().to_owned())
                     .filter(|s| !s.is_empty())
                     .collect()
             })
             .unwrap_or_default(),
-        traceparent: get("traceparent"),
+        traceparent,
     }
 }
 
@@ -276,4 +287,38 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_headers_win_over_the_path_and_empty_values_do_not_count() {
+        let mut h = http::HeaderMap::new();
+        h.insert("x-llmtap-session", " s-42 ".parse().unwrap());
+        h.insert("x-llmtap-agent", "".parse().unwrap());
+        h.insert("x-llmtap-tags", "a, b,,c".parse().unwrap());
+        h.insert(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+                .parse()
+                .unwrap(),
+        );
+        h.insert("content-type", "application/json".parse().unwrap());
+        let meta = exchange_meta(&h, Some("from-path".into()), Some("path-agent".into()));
+        assert_eq!(meta.session.as_deref(), Some("s-42"));
+        assert_eq!(
+            meta.agent.as_deref(),
+            Some("path-agent"),
+            "an empty header leaves the path's value"
+        );
+        assert_eq!(meta.tags, ["a", "b", "c"]);
+        assert_eq!(
+            meta.traceparent.as_deref(),
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        );
+        let none = exchange_meta(&http::HeaderMap::new(), None, None);
+        assert_eq!(none, ExchangeMeta::default());
+    }
 }

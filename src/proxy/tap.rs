@@ -14,7 +14,7 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
-use crate::capture::{CaptureTx, Captured, Outcome, RawExchange, now_micros};
+use crate::capture::{CaptureTx, Captured, HeaderList, Outcome, RawExchange, now_micros};
 use crate::telemetry::Metrics;
 
 /// Where a request body's capture lands when its tap finishes; the response tap reads it once.
@@ -67,15 +67,15 @@ pub struct Tap {
 }
 
 impl Tap {
-    pub fn request(headers: Vec<(String, String)>, cap: usize, slot: Arc<RequestSlot>) -> Tap {
+    pub fn request(headers: HeaderList, cap: usize, slot: Arc<RequestSlot>) -> Tap {
         Tap::new(headers, cap, Finish::Request(slot))
     }
 
-    pub fn response(headers: Vec<(String, String)>, cap: usize, pending: PendingExchange) -> Tap {
+    pub fn response(headers: HeaderList, cap: usize, pending: PendingExchange) -> Tap {
         Tap::new(headers, cap, Finish::Response(Box::new(pending)))
     }
 
-    fn new(headers: Vec<(String, String)>, cap: usize, finish: Finish) -> Tap {
+    fn new(headers: HeaderList, cap: usize, finish: Finish) -> Tap {
         Tap {
             captured: Captured {
                 headers,
@@ -163,7 +163,7 @@ impl Tap {
                     metrics.capture_truncated.inc();
                 }
                 exchange.response = Some(self.captured);
-                capture_tx.try_send(exchange);
+                capture_tx.send_when_idle(exchange);
             }
         }
     }

@@ -44,14 +44,14 @@ pub fn exchange(session: usize, turn: usize, t: i64) -> RawExchange {
         path: "/v1/chat/completions".into(),
         status: Some(200),
         request: Captured {
-            headers: vec![("content-type".into(), "application/json".into())],
+            headers: [("content-type", "application/json")].into_iter().collect(),
             len: req.len() as u64,
             body: vec![req],
             truncated: false,
             ended: true,
         },
         response: Some(Captured {
-            headers: vec![("content-type".into(), "application/json".into())],
+            headers: [("content-type", "application/json")].into_iter().collect(),
             len: resp.len() as u64,
             body: vec![resp],
             truncated: false,

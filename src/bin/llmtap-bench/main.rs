@@ -1,6 +1,6 @@
 //! llmtap's benchmark: prints figures, asserts nothing. `scripts/bench.sh` builds it in release and runs it.
 //!
-//! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `derive` (normalize + derive
+//! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase), `derive` (normalize + derive
 //! throughput, latency to a stored step); `--smoke` runs a tiny configuration (CI checks it still runs).
 //! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts).
 #![allow(clippy::print_stdout)]
@@ -35,11 +35,12 @@ fn main() {
     let scale = if smoke { &proxy::SMOKE } else { &proxy::FULL };
     match mode {
         "all" => {
-            proxy::run(scale);
+            proxy::run(scale, false);
             proxy::export(if smoke { 500 } else { 20_000 });
             derive::run(calls);
         }
-        "proxy" => proxy::run(scale),
+        "proxy" => proxy::run(scale, false),
+        "latency" => proxy::run(scale, true),
         "memory" => proxy::memory(scale),
         "upstream" => report(servers::upstream()),
         "passthrough" => {

@@ -273,7 +273,8 @@ fn start_upstream() -> Proc {
     })
 }
 
-pub fn run(scale: &Scale) {
+/// Every proxy phase; `latency_only` stops after the added-latency phase (`llmtap-bench latency`).
+pub fn run(scale: &Scale, latency_only: bool) {
     let Ok(rt) = super::servers::runtime() else {
         return;
     };
@@ -333,40 +334,13 @@ pub fn run(scale: &Scale) {
     println!("proxy: non-streamed ~2 KB chat completion; upstream, passthrough and llmtap are separate processes;");
     println!("  load generator: Rust hyper client in the bench process (HTTP/1.1 keep-alive). All on loopback.");
 
-    println!(
-        "latency at {} req/s open loop ({} requests per target, in {} interleaved rounds):",
-        scale.latency_rate, scale.latency_requests, scale.rounds
-    );
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
-    for _ in 0..scale.rounds {
-        for (i, (_, url)) in targets.iter().enumerate() {
-            let n = scale.latency_requests / scale.rounds;
-            samples[i].extend(rt.block_on(latency(url, n, scale.latency_rate)));
-        }
-    }
-    let mut direct_lat: Option<Summary> = None;
-    for ((name, _), lat) in targets.iter().zip(samples.iter_mut()) {
-        let s = Summary::of(lat);
-        let added = match &direct_lat {
-            Some(d) => format!(
-                "  added p50 {} p90 {} p99 {}",
-                fmt_delta_us(s.pct(0.5), d.pct(0.5)),
-                fmt_delta_us(s.pct(0.9), d.pct(0.9)),
-                fmt_delta_us(s.pct(0.99), d.pct(0.99))
-            ),
-            None => String::new(),
-        };
-        println!(
-            "  {name:<26} p50 {:>10} p90 {:>10} p99 {:>10}{added}",
-            s.p50_us(),
-            s.p90_us(),
-            s.p99_us()
-        );
-        if direct_lat.is_none() {
-            direct_lat = Some(s);
-        }
-    }
+    latency_phase(&rt, &targets, scale);
     println!("  (capture+store+OTLP on during this phase: {})", capture_since());
+    if latency_only {
+        drop((tap_on, tap_off));
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
 
     println!(
         "throughput at saturation ({} connections, {} rounds of {} s per target, median round):",
@@ -486,6 +460,44 @@ pub fn run(scale: &Scale) {
     drop(targets);
     drop((tap_on, tap_off, passthrough, upstream));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Added latency: `scale.latency_requests` per target at `scale.latency_rate` open loop, in interleaved rounds;
+/// the first target is the reference the others are compared with.
+fn latency_phase(rt: &tokio::runtime::Runtime, targets: &[(&str, String)], scale: &Scale) {
+    println!(
+        "latency at {} req/s open loop ({} requests per target, in {} interleaved rounds):",
+        scale.latency_rate, scale.latency_requests, scale.rounds
+    );
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
+    for _ in 0..scale.rounds {
+        for (i, (_, url)) in targets.iter().enumerate() {
+            let n = scale.latency_requests / scale.rounds;
+            samples[i].extend(rt.block_on(latency(url, n, scale.latency_rate)));
+        }
+    }
+    let mut direct_lat: Option<Summary> = None;
+    for ((name, _), lat) in targets.iter().zip(samples.iter_mut()) {
+        let s = Summary::of(lat);
+        let added = match &direct_lat {
+            Some(d) => format!(
+                "  added p50 {} p90 {} p99 {}",
+                fmt_delta_us(s.pct(0.5), d.pct(0.5)),
+                fmt_delta_us(s.pct(0.9), d.pct(0.9)),
+                fmt_delta_us(s.pct(0.99), d.pct(0.99))
+            ),
+            None => String::new(),
+        };
+        println!(
+            "  {name:<26} p50 {:>10} p90 {:>10} p99 {:>10}{added}",
+            s.p50_us(),
+            s.p90_us(),
+            s.p99_us()
+        );
+        if direct_lat.is_none() {
+            direct_lat = Some(s);
+        }
+    }
 }
 
 /// The long-stream load `scale.memory_runs` times against llmtap `pid` at `url`: RSS before, peak, after.

@@ -1,0 +1,159 @@
+//! When the data path hands an exchange to the pipeline: after the response is on the wire, not before.
+//!
+//! hyper drops a response body as soon as it has encoded the last frame, before it writes those bytes to the
+//! socket; the tap finishes in that drop. Sending from there put the pipeline thread's futex wake, and that
+//! thread starting on the other core, in front of the client's last bytes (`strace -f` of a worker:
+//! `recvfrom` upstream, `futex(FUTEX_WAKE)`, then `writev` to the client). A task spawned instead landed in the
+//! worker's LIFO slot but, when that slot was taken, woke the other worker first — another futex in the same place.
+//!
+//! So finished exchanges wait in a short per-thread list that the runtime's `on_thread_park` hook
+//! ([`send_pending`]) empties when the worker has nothing left to run — every write of that round done. Under
+//! saturation a worker may not park for a while: the list is sent as soon as it holds [`MAX_PENDING`]
+//! exchanges, which also batches the wakes. A thread that has never parked (not a hooked runtime worker: tests,
+//! blocking threads, other runtimes) sends at once. Pending exchanges are sent when the list is dropped too, so
+//! a worker that exits (runtime shutdown) loses nothing.
+
+use std::cell::RefCell;
+
+use super::{CaptureTx, RawExchange};
+
+/// At most this many exchanges wait on one worker.
+pub const MAX_PENDING: usize = 32;
+
+thread_local! {
+    /// `None` until this thread's first park: only then is it known that `send_pending` will run here.
+    static PENDING: RefCell<Option<Vec<PendingSend>>> = const { RefCell::new(None) };
+}
+
+/// One exchange waiting to be sent; sends when dropped, so every path out of the list sends exactly once.
+struct PendingSend {
+    tx: CaptureTx,
+    exchange: Option<RawExchange>,
+}
+
+impl Drop for PendingSend {
+    fn drop(&mut self) {
+        if let Some(exchange) = self.exchange.take() {
+            self.tx.try_send(exchange);
+        }
+    }
+}
+
+pub(super) fn defer(tx: CaptureTx, exchange: RawExchange) {
+    let item = PendingSend {
+        tx,
+        exchange: Some(exchange),
+    };
+    // Not a hooked worker (or the thread is exiting): `item` is dropped here and sends at once.
+    let _ = PENDING.try_with(|pending| {
+        if let Ok(mut pending) = pending.try_borrow_mut()
+            && let Some(list) = pending.as_mut()
+        {
+            list.push(item);
+            if list.len() >= MAX_PENDING {
+                list.clear();
+            }
+        }
+    });
+}
+
+/// The runtime's `on_thread_park` hook: send what this worker deferred, and mark it as a worker that parks.
+pub fn send_pending() {
+    let _ = PENDING.try_with(|pending| {
+        if let Ok(mut pending) = pending.try_borrow_mut() {
+            // Clearing drops (sends) each one; a send never defers, so nothing re-enters this list.
+            pending.get_or_insert_with(|| Vec::with_capacity(MAX_PENDING)).clear();
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::capture::{Api, CaptureRx, Captured, ExchangeMeta, Outcome, Timings};
+    use crate::telemetry::Metrics;
+
+    fn exchange(id: &str) -> RawExchange {
+        RawExchange {
+            id: id.to_owned(),
+            upstream: Arc::from("openai"),
+            api: Api::OpenAiChat,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            status: Some(200),
+            request: Captured::default(),
+            response: None,
+            timings: Timings::default(),
+            outcome: Outcome::Complete,
+            error: None,
+            meta: ExchangeMeta::default(),
+        }
+    }
+
+    fn channel() -> (CaptureTx, CaptureRx) {
+        CaptureTx::channel(100, Arc::new(Metrics::default()))
+    }
+
+    fn received(rx: &CaptureRx) -> Vec<String> {
+        rx.try_iter().map(|e| e.id).collect()
+    }
+
+    /// The list is per thread: each test starts on a thread that has never parked.
+    fn on_fresh_thread(test: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(test).join().expect("test thread");
+    }
+
+    #[test]
+    fn a_thread_that_never_parked_sends_at_once() {
+        on_fresh_thread(|| {
+            let (tx, rx) = channel();
+            tx.send_when_idle(exchange("a"));
+            assert_eq!(received(&rx), ["a"]);
+        });
+    }
+
+    #[test]
+    fn a_worker_holds_exchanges_until_it_parks_and_keeps_their_order() {
+        on_fresh_thread(worker_holds_until_park);
+    }
+
+    fn worker_holds_until_park() {
+        let (tx, rx) = channel();
+        send_pending(); // this thread is now a worker whose park hook runs
+        tx.clone().send_when_idle(exchange("a"));
+        tx.clone().send_when_idle(exchange("b"));
+        assert!(received(&rx).is_empty(), "nothing is sent before the worker parks");
+        send_pending();
+        assert_eq!(received(&rx), ["a", "b"]);
+        send_pending();
+        assert!(received(&rx).is_empty(), "each exchange is sent once");
+    }
+
+    #[test]
+    fn a_busy_worker_sends_a_full_list_without_parking() {
+        on_fresh_thread(busy_worker_sends_full_list);
+    }
+
+    fn busy_worker_sends_full_list() {
+        let (tx, rx) = channel();
+        send_pending();
+        for i in 0..MAX_PENDING - 1 {
+            tx.clone().send_when_idle(exchange(&i.to_string()));
+        }
+        assert!(received(&rx).is_empty());
+        tx.send_when_idle(exchange("last"));
+        assert_eq!(received(&rx).len(), MAX_PENDING);
+    }
+
+    #[test]
+    fn a_worker_that_exits_sends_what_it_held() {
+        let (tx, rx) = channel();
+        on_fresh_thread(move || {
+            send_pending();
+            tx.send_when_idle(exchange("held"));
+        });
+        assert_eq!(received(&rx), ["held"]);
+    }
+}
