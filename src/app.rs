@@ -147,7 +147,11 @@ fn spawn_exporter(
         .name(format!("llmtap-otlp-{}", ctx.config.name))
         .spawn(move || {
             crate::pipeline::run_in_background();
-            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .on_thread_park(crate::allocator::release_when_idle)
+                .build();
+            match runtime {
                 Ok(rt) => rt.block_on(crate::export::otlp::run(ctx, stop)),
                 Err(error) => tracing::error!(%error, "Cannot start the OTLP exporter runtime"),
             }

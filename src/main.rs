@@ -71,10 +71,16 @@ fn run(cli: Cli) -> Result<()> {
             let config = resolve_config(&store, listen)?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
-                // Captured exchanges go to the pipeline when a worker runs out of work (see capture::handoff).
-                .on_thread_park(llmtap::capture::handoff::send_pending)
+                // A worker that runs out of work sends the exchanges it captured (see capture::handoff) and, now
+                // and then, gives back memory other threads freed in its pages (see allocator).
+                .on_thread_park(|| {
+                    llmtap::capture::handoff::send_pending();
+                    llmtap::allocator::release_when_idle();
+                })
                 .build()?;
+            let workers = rt.metrics().num_workers();
             rt.block_on(async move {
+                llmtap::allocator::spawn_idle_wakers(workers);
                 let shutdown = CancellationToken::new();
                 let signal = shutdown.clone();
                 tokio::spawn(async move {

@@ -45,7 +45,8 @@ pub fn spawn(
                         let records = deriver.observe(processed);
                         emit(&store, &metrics, live.as_ref(), records);
                     }
-                    Err(RecvTimeoutError::Timeout) => {}
+                    // A second without traffic: give back what the store thread freed in our pages.
+                    Err(RecvTimeoutError::Timeout) => crate::allocator::release_when_idle(),
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
                 // Idle closing walks every open trajectory: once a second, not once per call.

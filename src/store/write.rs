@@ -5,7 +5,7 @@
 //! but the thread keeps going, so one bad record cannot stop capture.
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -66,7 +66,16 @@ fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics:
     crate::pipeline::run_in_background();
     let mut last_retention = Instant::now();
     let mut batch = Vec::with_capacity(config.batch_size);
-    while let Ok(first) = rx.recv() {
+    loop {
+        // A second without records: give back what other threads freed in this thread's pages.
+        let first = match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => {
+                crate::allocator::release_when_idle();
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         batch.push(first);
         // Group commit: a transaction writes every page it touches to the WAL (tables and indexes), so one
         // exchange per commit cost ~10 page writes; waiting up to GROUP_COMMIT_WAIT for more records shares

@@ -545,6 +545,12 @@ pub fn memory(scale: &Scale) {
         std::thread::sleep(Duration::from_secs(wait));
         println!("  {wait} s later: RSS {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
     }
+    // Freed memory that only the allocating thread can reclaim stays until that thread allocates again.
+    let _ = stack.rt.block_on(latency(&stack.url, 500, 50));
+    println!(
+        "  after 10 s of light traffic (50 req/s): RSS {:.1} MiB",
+        rss_kib(pid) as f64 / 1024.0
+    );
 }
 
 /// An upstream, an OTLP receiver and llmtap with capture + store + OTLP export on, for the single-target modes.
