@@ -24,6 +24,9 @@ pub struct Scale {
     /// moment of a shared machine lands on all targets alike instead of on whichever ran then.
     pub rounds: usize,
     pub latency_requests: usize,
+    /// The latency phase's own rounds: shorter and more of them (0.5 s per target at the full scale), because a
+    /// few microseconds of difference are what it measures and the VM's slow phases last seconds.
+    pub latency_rounds: usize,
     pub latency_rate: u64,
     pub saturation_secs: u64,
     pub saturation_conns: usize,
@@ -37,6 +40,7 @@ pub struct Scale {
 pub const FULL: Scale = Scale {
     rounds: 5,
     latency_requests: 5_000,
+    latency_rounds: 20,
     latency_rate: 500,
     saturation_secs: 2,
     saturation_conns: 32,
@@ -49,6 +53,7 @@ pub const FULL: Scale = Scale {
 pub const SMOKE: Scale = Scale {
     rounds: 2,
     latency_requests: 200,
+    latency_rounds: 2,
     latency_rate: 200,
     saturation_secs: 1,
     saturation_conns: 4,
@@ -467,12 +472,12 @@ pub fn run(scale: &Scale, latency_only: bool) {
 fn latency_phase(rt: &tokio::runtime::Runtime, targets: &[(&str, String)], scale: &Scale) {
     println!(
         "latency at {} req/s open loop ({} requests per target, in {} interleaved rounds):",
-        scale.latency_rate, scale.latency_requests, scale.rounds
+        scale.latency_rate, scale.latency_requests, scale.latency_rounds
     );
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
-    for _ in 0..scale.rounds {
+    for _ in 0..scale.latency_rounds {
         for (i, (_, url)) in targets.iter().enumerate() {
-            let n = scale.latency_requests / scale.rounds;
+            let n = scale.latency_requests / scale.latency_rounds;
             samples[i].extend(rt.block_on(latency(url, n, scale.latency_rate)));
         }
     }
