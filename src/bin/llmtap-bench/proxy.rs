@@ -475,10 +475,13 @@ fn latency_phase(rt: &tokio::runtime::Runtime, targets: &[(&str, String)], scale
         scale.latency_rate, scale.latency_requests, scale.latency_rounds
     );
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
-    for _ in 0..scale.latency_rounds {
-        for (i, (_, url)) in targets.iter().enumerate() {
+    // Each round starts at a different target, so none always runs right after the same neighbour (whose
+    // background work, e.g. an llmtap storing and exporting what it just captured, may still be running).
+    for round in 0..scale.latency_rounds {
+        for k in 0..targets.len() {
+            let i = (round + k) % targets.len();
             let n = scale.latency_requests / scale.latency_rounds;
-            samples[i].extend(rt.block_on(latency(url, n, scale.latency_rate)));
+            samples[i].extend(rt.block_on(latency(&targets[i].1, n, scale.latency_rate)));
         }
     }
     let mut direct_lat: Option<Summary> = None;
