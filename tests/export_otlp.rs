@@ -259,6 +259,18 @@ fn free_port() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
+/// A loopback port for a receiver that is down for a while: bound but not listening, so connections to it are
+/// refused and no other test's `bind(0)` is handed the same port meanwhile. (With a released port, a concurrent
+/// test's gRPC server once took it during the outage; llmtap exported there, was answered `Unimplemented`, and
+/// dropped the batch.) Drop the reservation right before serving on the port.
+fn reserve_port() -> (socket2::Socket, SocketAddr) {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&any.into()).unwrap();
+    let addr = socket.local_addr().unwrap().as_socket().unwrap();
+    (socket, addr)
+}
+
 fn otlp_config(up: &Upstream, endpoint: &str, protocol: &str, extra: &str) -> String {
     upstream_config(
         up,
@@ -490,7 +502,7 @@ async fn http_protobuf_and_json_receivers_get_spans() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outage_and_restart_lose_no_span() {
     let up = Upstream::start(ReplayOptions::default()).await;
-    let addr = free_port();
+    let (reservation, addr) = reserve_port();
     let dir = tempfile::tempdir().unwrap();
     let config = otlp_config(&up, &format!("http://{addr}"), "grpc", "");
     // The receiver is down while traffic flows.
@@ -520,6 +532,7 @@ async fn outage_and_restart_lose_no_span() {
     let traces = tap.wait_for_traces(n1 + n2);
     // The receiver comes back.
     let receiver = Receiver::new(Mode::Accept);
+    drop(reservation);
     let _server = serve_grpc(receiver.clone(), addr).await;
     let want: HashSet<Vec<u8>> = traces
         .iter()
