@@ -1,6 +1,6 @@
 //! How bodies are kept in the store: zlib, one compressor and one decompressor state per thread.
 //!
-//! Both run a streaming loop that grows the output as needed. The states are reused (reset between bodies):
+//! Both directions run the same streaming loop ([`run_to_end`]), growing the output as needed. The states are reused (reset between bodies):
 //! creating one allocates and zeroes hundreds of kilobytes, which was the largest cost of storing an exchange
 //! (see README, Benchmarks).
 
@@ -11,60 +11,71 @@ use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, 
 thread_local! {
     /// One deflate state per thread, reset between bodies (`ZlibEncoder::new` zeroed ~300 KB per body).
     static DEFLATE: RefCell<Compress> = RefCell::new(Compress::new(Compression::fast(), true));
-}
-
-/// zlib-compress a body for the store.
-pub(crate) fn compress(text: &str) -> Vec<u8> {
-    DEFLATE.with(|d| {
-        let mut d = d.borrow_mut();
-        d.reset();
-        let input = text.as_bytes();
-        let mut out = Vec::with_capacity(input.len() / 3 + 64);
-        loop {
-            if out.len() == out.capacity() {
-                out.reserve(out.capacity());
-            }
-            let before = (d.total_in(), d.total_out());
-            let rest = &input[d.total_in() as usize..];
-            match d.compress_vec(rest, &mut out, FlushCompress::Finish) {
-                Ok(Status::StreamEnd) => return out,
-                // With room in `out` the encoder always moves; if it did not, give up rather than spin.
-                Ok(_) if before == (d.total_in(), d.total_out()) && out.len() < out.capacity() => return Vec::new(),
-                Ok(_) => {}
-                Err(_) => return Vec::new(),
-            }
-        }
-    })
-}
-
-thread_local! {
     /// One inflate state per thread, reset between bodies (the exporter reads thousands of bodies a second).
     static INFLATE: RefCell<Decompress> = RefCell::new(Decompress::new(true));
 }
 
-/// A body written by `write::compress`; None if the blob is missing, truncated or not UTF-8.
+/// zlib-compress a body for the store (empty if the encoder failed, which the reader reports as unreadable).
+pub(crate) fn compress(text: &str) -> Vec<u8> {
+    DEFLATE.with(|d| {
+        let mut d = d.borrow_mut();
+        d.reset();
+        let out = Vec::with_capacity(text.len() / 3 + 64);
+        run_to_end(&mut *d, text.as_bytes(), out).unwrap_or_default()
+    })
+}
+
+/// A body written by [`compress`]; None if the blob is missing, truncated or not UTF-8.
 pub(crate) fn decompress(blob: Option<Vec<u8>>) -> Option<String> {
     let blob = blob?;
     INFLATE.with(|d| {
         let mut d = d.borrow_mut();
         d.reset(true);
-        let mut out = Vec::with_capacity(blob.len().saturating_mul(4).max(64));
-        loop {
-            if out.len() == out.capacity() {
-                out.reserve(out.capacity());
-            }
-            let before = (d.total_in(), d.total_out());
-            let rest = &blob[d.total_in() as usize..];
-            // Not `Finish`: miniz reads that as "the output buffer holds everything" and fails otherwise.
-            match d.decompress_vec(rest, &mut out, FlushDecompress::None) {
-                Ok(Status::StreamEnd) => return String::from_utf8(out).ok(),
-                // No progress with room to write: the input ended early.
-                Ok(_) if before == (d.total_in(), d.total_out()) && out.len() < out.capacity() => return None,
-                Ok(_) => {}
-                Err(_) => return None,
-            }
-        }
+        let out = Vec::with_capacity(blob.len().saturating_mul(4).max(64));
+        run_to_end(&mut *d, &blob, out).and_then(|out| String::from_utf8(out).ok())
     })
+}
+
+/// One direction of zlib, as the streaming loop below drives it.
+trait ZlibStream {
+    fn totals(&self) -> (u64, u64);
+    fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> Option<Status>;
+}
+
+impl ZlibStream for Compress {
+    fn totals(&self) -> (u64, u64) {
+        (self.total_in(), self.total_out())
+    }
+    fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> Option<Status> {
+        self.compress_vec(input, out, FlushCompress::Finish).ok()
+    }
+}
+
+impl ZlibStream for Decompress {
+    fn totals(&self) -> (u64, u64) {
+        (self.total_in(), self.total_out())
+    }
+    fn step(&mut self, input: &[u8], out: &mut Vec<u8>) -> Option<Status> {
+        // Not `Finish`: miniz reads that as "the output buffer holds everything" and fails otherwise.
+        self.decompress_vec(input, out, FlushDecompress::None).ok()
+    }
+}
+
+/// Feed all of `input` through a freshly reset `stream`, growing `out` as needed, until the stream ends. None
+/// on an error, or when the stream stops moving with room left to write (an inflate input that ended early).
+fn run_to_end(stream: &mut impl ZlibStream, input: &[u8], mut out: Vec<u8>) -> Option<Vec<u8>> {
+    loop {
+        if out.len() == out.capacity() {
+            out.reserve(out.capacity().max(64));
+        }
+        let before = stream.totals();
+        let rest = &input[before.0 as usize..];
+        match stream.step(rest, &mut out)? {
+            Status::StreamEnd => return Some(out),
+            _ if before == stream.totals() && out.len() < out.capacity() => return None,
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
