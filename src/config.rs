@@ -233,7 +233,8 @@ impl Default for DeriveConfig {
 
 #[derive(Debug, Clone)]
 pub struct UpstreamConfig {
-    pub name: String,
+    /// Shared: every captured exchange names its upstream (a refcount bump on the data path, not a copy).
+    pub name: std::sync::Arc<str>,
     /// Scheme + authority + optional path prefix, no trailing slash.
     pub url: http::Uri,
     pub api: ApiFamily,
@@ -323,7 +324,7 @@ impl RawConfig {
             upstreams.insert(
                 name.to_owned(),
                 UpstreamConfig {
-                    name: name.to_owned(),
+                    name: name.into(),
                     url: parse_upstream_url(name, url)?,
                     api,
                     ca_file: None,
@@ -356,7 +357,7 @@ impl RawConfig {
             upstreams.insert(
                 name.clone(),
                 UpstreamConfig {
-                    name,
+                    name: name.into(),
                     url,
                     api,
                     ca_file: raw.ca_file,

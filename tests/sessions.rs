@@ -361,14 +361,14 @@ fn derive_in_order(calls: &[Fixture]) -> Vec<Value> {
             status: Some(f.status),
             request: Captured {
                 headers: Default::default(),
-                body: vec![f.request.clone().into()],
+                body: [f.request.clone().into()].into(),
                 len: f.request.len() as u64,
                 truncated: false,
                 ended: true,
             },
             response: Some(Captured {
                 headers: headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-                body: vec![f.body.clone().into()],
+                body: [f.body.clone().into()].into(),
                 len: f.body.len() as u64,
                 truncated: false,
                 ended: true,

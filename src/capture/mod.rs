@@ -2,19 +2,19 @@
 //!
 //! The data path builds one [`RawExchange`] per HTTP exchange out of `Bytes` clones and hands it over with
 //! exactly one non-blocking [`CaptureTx::try_send`], made when the worker thread next runs out of
-//! work (see [`handoff`]). Everything else (decoding, parsing, reassembly,
+//! work (see [`handoff`]), through a queue whose sends rarely need to wake anyone (see [`queue`]). Everything else (decoding, parsing, reassembly,
 //! derivation, storage) happens on other threads.
 
 pub mod decode;
 pub mod handoff;
+pub mod queue;
 pub mod sse;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use std::sync::mpsc;
 
-use crate::telemetry::Metrics;
+pub use queue::{CaptureRx, CaptureTx};
 
 /// Which API an exchange spoke, decided from the upstream's family and the request path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -152,12 +152,16 @@ impl<'a> FromIterator<(&'a str, &'a str)> for HeaderList {
     }
 }
 
+/// A captured body: the frames that passed, usually one (small frames are copied into one buffer, see
+/// `proxy::tap`), kept inline so that the common case allocates no list.
+pub type BodyChunks = smallvec::SmallVec<[Bytes; 1]>;
+
 /// One direction of an exchange as captured: redacted headers and the body as the frames that passed.
 #[derive(Debug, Clone, Default)]
 pub struct Captured {
     /// Header name → value, secrets already replaced (see `proxy::redact`).
     pub headers: HeaderList,
-    pub body: Vec<Bytes>,
+    pub body: BodyChunks,
     /// Bytes seen, including those past the cap.
     pub len: u64,
     /// The cap was hit: `body` holds only a prefix.
@@ -230,38 +234,6 @@ pub struct RawExchange {
     pub outcome: Outcome,
     pub error: Option<String>,
     pub meta: ExchangeMeta,
-}
-
-/// The data path's only handle on the pipeline. Cloning is cheap.
-#[derive(Clone)]
-pub struct CaptureTx {
-    /// std's bounded channel: `try_send` never blocks or allocates per call, and the consumer is a plain
-    /// thread that can wait with a timeout.
-    tx: mpsc::SyncSender<RawExchange>,
-    metrics: Arc<Metrics>,
-}
-
-pub type CaptureRx = mpsc::Receiver<RawExchange>;
-
-impl CaptureTx {
-    pub fn channel(capacity: usize, metrics: Arc<Metrics>) -> (CaptureTx, CaptureRx) {
-        let (tx, rx) = mpsc::sync_channel(capacity);
-        (CaptureTx { tx, metrics }, rx)
-    }
-
-    /// Hand one exchange to the pipeline. Never blocks: a full (or closed) queue drops and counts.
-    pub fn try_send(&self, exchange: RawExchange) {
-        match self.tx.try_send(exchange) {
-            Ok(()) => self.metrics.captured.inc(),
-            Err(_) => self.metrics.capture_dropped(),
-        }
-    }
-
-    /// [`CaptureTx::try_send`] once this worker thread runs out of work (see [`handoff`]): never before the
-    /// response's last bytes are written to the client.
-    pub fn send_when_idle(self, exchange: RawExchange) {
-        handoff::defer(self, exchange);
-    }
 }
 
 #[cfg(test)]

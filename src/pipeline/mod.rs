@@ -18,7 +18,7 @@ use crate::store::{Record, StoreTx};
 use crate::telemetry::Metrics;
 
 pub fn spawn(
-    rx: CaptureRx,
+    mut rx: CaptureRx,
     store: StoreTx,
     derive: DeriveConfig,
     metrics: Arc<Metrics>,

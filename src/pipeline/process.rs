@@ -184,7 +184,7 @@ mod tests {
     fn captured(content_type: &str, body: &'static [u8]) -> Captured {
         Captured {
             headers: [("content-type", content_type)].into_iter().collect(),
-            body: vec![Bytes::from_static(body)],
+            body: [Bytes::from_static(body)].into(),
             len: body.len() as u64,
             truncated: false,
             ended: true,

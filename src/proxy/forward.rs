@@ -43,7 +43,7 @@ impl Clients {
         let mut by_upstream = HashMap::new();
         for u in upstreams {
             if let Some(ca) = &u.ca_file {
-                by_upstream.insert(u.name.clone(), client(root_store(Some(ca))?));
+                by_upstream.insert(u.name.to_string(), client(root_store(Some(ca))?));
             }
         }
         Ok(Clients { default, by_upstream })

@@ -181,7 +181,7 @@ impl Proxy {
                 );
                 let exchange = RawExchange {
                     id: uuid::Uuid::now_v7().to_string(),
-                    upstream: Arc::from(upstream.name.as_str()),
+                    upstream: upstream.name.clone(),
                     api: detect_api(upstream.api, route.rest),
                     method: parts.method.as_str().to_owned(),
                     path: redact::redact_path_and_query(uri.path(), uri.query()),

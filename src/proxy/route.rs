@@ -25,7 +25,10 @@ pub struct Router {
 impl Router {
     pub fn new(upstreams: impl IntoIterator<Item = UpstreamConfig>) -> Router {
         Router {
-            upstreams: upstreams.into_iter().map(|u| (u.name.clone(), Arc::new(u))).collect(),
+            upstreams: upstreams
+                .into_iter()
+                .map(|u| (u.name.to_string(), Arc::new(u)))
+                .collect(),
         }
     }
 
@@ -134,7 +137,7 @@ mod tests {
     fn routes_by_prefix_and_refuses_the_rest() {
         let r = router();
         let route = r.route("/anthropic/v1/messages").unwrap();
-        assert_eq!(route.upstream.name, "anthropic");
+        assert_eq!(&*route.upstream.name, "anthropic");
         assert_eq!(route.rest, "/v1/messages");
         assert!(r.route("/evil.com/v1/messages").is_none());
         assert!(r.route("/").is_none());
@@ -147,7 +150,7 @@ mod tests {
         let route = r.route("/s/run%2042/a/planner/openai/v1/chat/completions").unwrap();
         assert_eq!(route.session.as_deref(), Some("run 42"));
         assert_eq!(route.agent.as_deref(), Some("planner"));
-        assert_eq!(route.upstream.name, "openai");
+        assert_eq!(&*route.upstream.name, "openai");
         assert_eq!(route.rest, "/v1/chat/completions");
     }
 

@@ -46,14 +46,14 @@ pub fn exchange(session: usize, turn: usize, t: i64) -> RawExchange {
         request: Captured {
             headers: [("content-type", "application/json")].into_iter().collect(),
             len: req.len() as u64,
-            body: vec![req],
+            body: [req].into(),
             truncated: false,
             ended: true,
         },
         response: Some(Captured {
             headers: [("content-type", "application/json")].into_iter().collect(),
             len: resp.len() as u64,
-            body: vec![resp],
+            body: [resp].into(),
             truncated: false,
             ended: true,
         }),

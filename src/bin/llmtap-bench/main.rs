@@ -32,7 +32,15 @@ fn main() {
             .and_then(|c| c.parse().ok())
             .unwrap_or(100_000)
     };
-    let scale = if smoke { &proxy::SMOKE } else { &proxy::FULL };
+    let mut scale = if smoke { proxy::SMOKE } else { proxy::FULL };
+    // LLMTAP_BENCH_LATENCY_RATE sets the added-latency phase's request rate (requests per second, open loop).
+    if let Some(rate) = std::env::var("LLMTAP_BENCH_LATENCY_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+    {
+        scale.latency_rate = rate;
+    }
+    let scale = &scale;
     match mode {
         "all" => {
             proxy::run(scale, false);

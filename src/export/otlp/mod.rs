@@ -42,7 +42,7 @@ pub fn servers(config: &Config) -> HashMap<String, (String, u16)> {
                 .url
                 .port_u16()
                 .unwrap_or(if u.url.scheme_str() == Some("http") { 80 } else { 443 });
-            Some((u.name.clone(), (host, port)))
+            Some((u.name.to_string(), (host, port)))
         })
         .collect()
 }
