@@ -42,7 +42,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
 
     let live = crate::api::live_channel();
     let (capture_tx, pipeline_thread) = if config.capture.enabled {
-        let (tx, rx) = CaptureTx::channel(config.capture.queue_capacity, metrics.clone());
+        let (tx, rx) = CaptureTx::channel(
+            crate::capture::queue::QueueLimits {
+                exchanges: config.capture.queue_capacity,
+                bytes: config.capture.queue_bytes,
+            },
+            metrics.clone(),
+        );
         let thread = crate::pipeline::spawn(
             rx,
             store_tx.clone(),

@@ -112,6 +112,7 @@ pub struct RawCapture {
     pub enabled: Option<bool>,
     pub max_body_bytes: Option<usize>,
     pub queue_capacity: Option<usize>,
+    pub queue_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -187,6 +188,8 @@ pub struct CaptureConfig {
     pub max_body_bytes: usize,
     /// Exchanges waiting to be processed. When full, new exchanges are dropped and counted (never blocks).
     pub queue_capacity: usize,
+    /// Captured bytes (bodies and headers) waiting to be processed; same policy as `queue_capacity`.
+    pub queue_bytes: u64,
 }
 
 impl Default for CaptureConfig {
@@ -195,6 +198,7 @@ impl Default for CaptureConfig {
             enabled: true,
             max_body_bytes: 32 * 1024 * 1024,
             queue_capacity: 4096,
+            queue_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -301,6 +305,7 @@ impl RawConfig {
             enabled: self.capture.enabled.unwrap_or(cd.enabled),
             max_body_bytes: self.capture.max_body_bytes.unwrap_or(cd.max_body_bytes),
             queue_capacity: self.capture.queue_capacity.unwrap_or(cd.queue_capacity),
+            queue_bytes: self.capture.queue_bytes.unwrap_or(cd.queue_bytes),
         };
         if capture.queue_capacity == 0 {
             return Err(invalid("capture.queue_capacity", "must be at least 1"));

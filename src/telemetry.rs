@@ -21,6 +21,14 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+    /// Add and return the new value (a gauge used as a budget).
+    pub fn add_get(&self, n: u64) -> u64 {
+        self.0.fetch_add(n, Ordering::Relaxed) + n
+    }
+    /// For gauges only.
+    pub fn sub(&self, n: u64) {
+        self.0.fetch_sub(n, Ordering::Relaxed);
+    }
 }
 
 /// A flag that is true only the first time it is taken: "log once".
@@ -42,6 +50,8 @@ pub struct Metrics {
     pub captured: Counter,
     pub capture_dropped: Counter,
     pub capture_truncated: Counter,
+    /// Gauge: captured bytes waiting for the pipeline (see `capture::queue`).
+    pub capture_queue_bytes: Counter,
     pub processed: Counter,
     pub process_errors: Counter,
     pub steps_derived: Counter,
@@ -113,8 +123,13 @@ impl Metrics {
             ),
             (
                 "llmtap_capture_dropped_total",
-                "Exchanges not captured because the queue was full.",
+                "Exchanges not captured because the queue was full (by count or by bytes).",
                 self.capture_dropped.get(),
+            ),
+            (
+                "llmtap_capture_queue_bytes",
+                "Captured body and header bytes waiting for the pipeline.",
+                self.capture_queue_bytes.get(),
             ),
             (
                 "llmtap_capture_truncated_total",

@@ -61,6 +61,13 @@ async fn every_fixture_is_forwarded_unchanged_and_captured() {
 
     let traces = tap.wait_for_traces(fixtures.len());
     assert_eq!(traces.len(), fixtures.len());
+    // Everything captured was taken off the queue: its byte budget is whole again.
+    assert!(tap.metric("llmtap_captured_total") >= fixtures.len() as u64);
+    let metrics = tap.metrics();
+    assert!(
+        metrics.lines().any(|l| l.trim() == "llmtap_capture_queue_bytes 0"),
+        "queue bytes gauge back to 0:\n{metrics}"
+    );
     let by_path: HashMap<String, Vec<&Value>> = traces.iter().fold(HashMap::new(), |mut m, t| {
         m.entry(t["path"].as_str().unwrap().to_owned()).or_default().push(t);
         m

@@ -72,6 +72,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::capture::queue::QueueLimits;
     use crate::capture::{Api, CaptureRx, Captured, ExchangeMeta, Outcome, Timings};
     use crate::telemetry::Metrics;
 
@@ -93,11 +94,17 @@ mod tests {
     }
 
     fn channel() -> (CaptureTx, CaptureRx) {
-        CaptureTx::channel(100, Arc::new(Metrics::default()))
+        CaptureTx::channel(
+            QueueLimits {
+                exchanges: 100,
+                bytes: 1 << 20,
+            },
+            Arc::new(Metrics::default()),
+        )
     }
 
-    fn received(rx: &CaptureRx) -> Vec<String> {
-        rx.try_iter().map(|e| e.id).collect()
+    fn received(rx: &mut CaptureRx) -> Vec<String> {
+        rx.drain().into_iter().map(|e| e.id).collect()
     }
 
     /// The list is per thread: each test starts on a thread that has never parked.
@@ -108,9 +115,9 @@ mod tests {
     #[test]
     fn a_thread_that_never_parked_sends_at_once() {
         on_fresh_thread(|| {
-            let (tx, rx) = channel();
+            let (tx, mut rx) = channel();
             tx.send_when_idle(exchange("a"));
-            assert_eq!(received(&rx), ["a"]);
+            assert_eq!(received(&mut rx), ["a"]);
         });
     }
 
@@ -120,15 +127,15 @@ mod tests {
     }
 
     fn worker_holds_until_park() {
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         send_pending(); // this thread is now a worker whose park hook runs
         tx.clone().send_when_idle(exchange("a"));
         tx.clone().send_when_idle(exchange("b"));
-        assert!(received(&rx).is_empty(), "nothing is sent before the worker parks");
+        assert!(received(&mut rx).is_empty(), "nothing is sent before the worker parks");
         send_pending();
-        assert_eq!(received(&rx), ["a", "b"]);
+        assert_eq!(received(&mut rx), ["a", "b"]);
         send_pending();
-        assert!(received(&rx).is_empty(), "each exchange is sent once");
+        assert!(received(&mut rx).is_empty(), "each exchange is sent once");
     }
 
     #[test]
@@ -137,23 +144,23 @@ mod tests {
     }
 
     fn busy_worker_sends_full_list() {
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         send_pending();
         for i in 0..MAX_PENDING - 1 {
             tx.clone().send_when_idle(exchange(&i.to_string()));
         }
-        assert!(received(&rx).is_empty());
+        assert!(received(&mut rx).is_empty());
         tx.send_when_idle(exchange("last"));
-        assert_eq!(received(&rx).len(), MAX_PENDING);
+        assert_eq!(received(&mut rx).len(), MAX_PENDING);
     }
 
     #[test]
     fn a_worker_that_exits_sends_what_it_held() {
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         on_fresh_thread(move || {
             send_pending();
             tx.send_when_idle(exchange("held"));
         });
-        assert_eq!(received(&rx), ["held"]);
+        assert_eq!(received(&mut rx), ["held"]);
     }
 }

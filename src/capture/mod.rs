@@ -118,6 +118,11 @@ impl HeaderList {
         self.ends.len()
     }
 
+    /// Bytes of names and values.
+    pub fn text_len(&self) -> usize {
+        self.text.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
     }
@@ -184,6 +189,12 @@ impl Captured {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name)
     }
+
+    /// Bytes this capture keeps alive: body frames and header text.
+    pub fn held_bytes(&self) -> u64 {
+        let body: usize = self.body.iter().map(Bytes::len).sum();
+        (body + self.headers.text_len()) as u64
+    }
 }
 
 /// Wall-clock microseconds since the Unix epoch.
@@ -234,6 +245,13 @@ pub struct RawExchange {
     pub outcome: Outcome,
     pub error: Option<String>,
     pub meta: ExchangeMeta,
+}
+
+impl RawExchange {
+    /// Captured bytes this exchange keeps alive (what the capture queue's byte budget counts).
+    pub fn held_bytes(&self) -> u64 {
+        self.request.held_bytes() + self.response.as_ref().map_or(0, Captured::held_bytes)
+    }
 }
 
 #[cfg(test)]

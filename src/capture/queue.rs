@@ -16,6 +16,12 @@
 //! already groups commits over 10 ms), and a pipeline with recent traffic wakes `1 / POLL_INTERVAL` times a
 //! second for at most [`ACTIVE_WINDOW`] after the last exchange; an idle llmtap does not poll.
 //!
+//! The queue is bounded twice: by exchanges (`capture.queue_capacity`) and by the body and header bytes they
+//! hold (`capture.queue_bytes`), so a store that falls behind on multi-megabyte requests cannot grow llmtap's
+//! memory without limit. An exchange that does not fit is dropped from capture and counted (traffic is never
+//! slowed); one larger than the whole byte budget is still taken when the queue is empty. The bytes waiting are
+//! the `llmtap_capture_queue_bytes` gauge.
+//!
 //! No lost wake-up: the pipeline sets `sleeping`, then looks at the queue once more before parking; a sender
 //! pushes, then reads `sleeping`. Both sides put a `SeqCst` fence between their write and their read, so at
 //! least one of them sees the other's write: either the pipeline finds the exchange, or the sender sees the flag
@@ -56,35 +62,62 @@ impl Doorbell {
     }
 }
 
+/// How much the queue may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    pub exchanges: usize,
+    /// Captured body and header bytes waiting in the queue.
+    pub bytes: u64,
+}
+
 /// The data path's only handle on the pipeline. Cloning is cheap.
 #[derive(Clone)]
 pub struct CaptureTx {
     /// std's bounded channel: `try_send` never blocks or allocates per call.
     tx: mpsc::SyncSender<RawExchange>,
     doorbell: Arc<Doorbell>,
+    max_bytes: u64,
+    /// `metrics.capture_queue_bytes` is the one count of bytes waiting: added here, taken off by the receiver.
     metrics: Arc<Metrics>,
 }
 
 impl CaptureTx {
-    pub fn channel(capacity: usize, metrics: Arc<Metrics>) -> (CaptureTx, CaptureRx) {
-        let (tx, rx) = mpsc::sync_channel(capacity);
+    pub fn channel(limits: QueueLimits, metrics: Arc<Metrics>) -> (CaptureTx, CaptureRx) {
+        let (tx, rx) = mpsc::sync_channel(limits.exchanges);
         let doorbell = Arc::new(Doorbell::default());
         let rx = CaptureRx {
             rx,
             doorbell: doorbell.clone(),
             active_until: None,
+            metrics: metrics.clone(),
         };
-        (CaptureTx { tx, doorbell, metrics }, rx)
+        let tx = CaptureTx {
+            tx,
+            doorbell,
+            max_bytes: limits.bytes,
+            metrics,
+        };
+        (tx, rx)
     }
 
     /// Hand one exchange to the pipeline. Never blocks: a full (or closed) queue drops and counts.
     pub fn try_send(&self, exchange: RawExchange) {
+        let size = exchange.held_bytes();
+        let queued = self.metrics.capture_queue_bytes.add_get(size) - size;
+        if queued > 0 && queued + size > self.max_bytes {
+            self.metrics.capture_queue_bytes.sub(size);
+            self.metrics.capture_dropped();
+            return;
+        }
         match self.tx.try_send(exchange) {
             Ok(()) => {
                 self.metrics.captured.inc();
                 self.doorbell.ring();
             }
-            Err(_) => self.metrics.capture_dropped(),
+            Err(_) => {
+                self.metrics.capture_queue_bytes.sub(size);
+                self.metrics.capture_dropped();
+            }
         }
     }
 
@@ -108,6 +141,7 @@ pub struct CaptureRx {
     doorbell: Arc<Doorbell>,
     /// Poll (rather than park) until then: an exchange arrived recently.
     active_until: Option<Instant>,
+    metrics: Arc<Metrics>,
 }
 
 impl CaptureRx {
@@ -145,13 +179,14 @@ impl CaptureRx {
     }
 
     /// Everything queued right now, without waiting.
-    pub fn try_iter(&self) -> mpsc::TryIter<'_, RawExchange> {
-        self.rx.try_iter()
+    pub fn drain(&mut self) -> Vec<RawExchange> {
+        std::iter::from_fn(|| self.try_take().ok().flatten()).collect()
     }
 
     fn try_take(&mut self) -> Result<Option<RawExchange>, RecvTimeoutError> {
         match self.rx.try_recv() {
             Ok(exchange) => {
+                self.metrics.capture_queue_bytes.sub(exchange.held_bytes());
                 self.active_until = Some(Instant::now() + ACTIVE_WINDOW);
                 Ok(Some(exchange))
             }
@@ -183,10 +218,17 @@ mod tests {
         }
     }
 
+    fn limits(exchanges: usize) -> QueueLimits {
+        QueueLimits {
+            exchanges,
+            bytes: u64::MAX / 2,
+        }
+    }
+
     /// A receiver parked with a long timeout is woken by the first send, well before the timeout.
     #[test]
     fn a_parked_receiver_is_woken_by_a_send() {
-        let (tx, mut rx) = CaptureTx::channel(8, Arc::new(Metrics::default()));
+        let (tx, mut rx) = CaptureTx::channel(limits(8), Arc::new(Metrics::default()));
         let receiver = std::thread::spawn(move || {
             let started = Instant::now();
             let got = rx.recv_timeout(Duration::from_secs(30)).map(|e| e.id);
@@ -206,7 +248,7 @@ mod tests {
     /// Dropping the last sender wakes a parked receiver, which reports the queue closed at once.
     #[test]
     fn a_parked_receiver_sees_the_last_sender_go() {
-        let (tx, mut rx) = CaptureTx::channel(8, Arc::new(Metrics::default()));
+        let (tx, mut rx) = CaptureTx::channel(limits(8), Arc::new(Metrics::default()));
         let receiver = std::thread::spawn(move || {
             let started = Instant::now();
             let got = rx.recv_timeout(Duration::from_secs(30)).map(|e| e.id);
@@ -221,11 +263,54 @@ mod tests {
         assert!(waited < Duration::from_secs(10), "woken by the drop: {waited:?}");
     }
 
+    fn holding(id: &str, bytes: usize) -> RawExchange {
+        let mut e = exchange(id);
+        e.request.body = [bytes::Bytes::from(vec![b'x'; bytes])].into();
+        e
+    }
+
+    /// The byte budget: what does not fit is dropped and counted, room comes back as the pipeline takes
+    /// exchanges, and one exchange larger than the whole budget still gets through an empty queue.
+    #[test]
+    fn the_byte_budget_drops_what_does_not_fit_and_frees_room_on_receive() {
+        let metrics = Arc::new(Metrics::default());
+        let limits = QueueLimits {
+            exchanges: 100,
+            bytes: 10_000,
+        };
+        let (tx, mut rx) = CaptureTx::channel(limits, metrics.clone());
+        tx.try_send(holding("a", 4_000));
+        tx.try_send(holding("b", 4_000));
+        tx.try_send(holding("c", 4_000));
+        assert_eq!(metrics.captured.get(), 2);
+        assert_eq!(metrics.capture_dropped.get(), 1, "the third would make 12,000 bytes");
+        assert_eq!(metrics.capture_queue_bytes.get(), 8_000);
+
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(1)).map(|e| e.id).as_deref(),
+            Ok("a")
+        );
+        assert_eq!(metrics.capture_queue_bytes.get(), 4_000);
+        tx.try_send(holding("d", 4_000));
+        assert_eq!(metrics.captured.get(), 3, "room again after a receive");
+
+        let ids: Vec<String> = rx.drain().into_iter().map(|e| e.id).collect();
+        assert_eq!(ids, ["b", "d"]);
+        assert_eq!(metrics.capture_queue_bytes.get(), 0);
+
+        tx.try_send(holding("huge", 50_000));
+        assert_eq!(metrics.captured.get(), 4, "an oversized exchange passes an empty queue");
+        tx.try_send(holding("small", 10));
+        assert_eq!(metrics.capture_dropped.get(), 2, "but nothing joins it over budget");
+        assert_eq!(rx.drain().len(), 1);
+        assert_eq!(metrics.capture_queue_bytes.get(), 0);
+    }
+
     /// Many senders, a receiver that alternates between polling and parking: every exchange arrives, none
     /// waits for the receiver's timeout (a lost wake-up would show as a stall of the full timeout).
     #[test]
     fn no_exchange_is_lost_or_left_waiting() {
-        let (tx, mut rx) = CaptureTx::channel(10_000, Arc::new(Metrics::default()));
+        let (tx, mut rx) = CaptureTx::channel(limits(10_000), Arc::new(Metrics::default()));
         let senders: Vec<_> = (0..4)
             .map(|s| {
                 let tx = tx.clone();
