@@ -13,8 +13,11 @@
 //!   lowers the flag and unparks it.
 //!
 //! Cost: an exchange reaches the pipeline up to [`POLL_INTERVAL`] later than with a blocking receive (the store
-//! already groups commits over 10 ms), and a pipeline with recent traffic wakes `1 / POLL_INTERVAL` times a
-//! second for at most [`ACTIVE_WINDOW`] after the last exchange; an idle llmtap does not poll.
+//! already groups commits over 10 ms), and the pipeline makes at most three empty polls after the last exchange
+//! ([`ACTIVE_WINDOW`]). So under steady traffic (one exchange per window or more: above ~170 a second) no
+//! send wakes anyone, and a sparse caller (an agent calling every few seconds) costs one wake per exchange, as a
+//! blocking receive would, plus three cheap timer wake-ups of a background thread; an idle llmtap never polls.
+//! (A one-second window was tried first: 500 empty wake-ups per exchange for a sparse caller.)
 //!
 //! The queue is bounded twice: by exchanges (`capture.queue_capacity`) and by the body and header bytes they
 //! hold (`capture.queue_bytes`), so a store that falls behind on multi-megabyte requests cannot grow llmtap's
@@ -38,8 +41,8 @@ use crate::telemetry::Metrics;
 
 /// How long the pipeline sleeps between polls while traffic flows.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(2);
-/// How long after the last exchange the pipeline keeps polling before it parks until woken.
-pub const ACTIVE_WINDOW: Duration = Duration::from_secs(1);
+/// How long after the last exchange the pipeline keeps polling before it parks until woken: three polls.
+pub const ACTIVE_WINDOW: Duration = Duration::from_millis(6);
 
 /// How a sender finds a parked pipeline.
 #[derive(Default)]
@@ -318,8 +321,13 @@ mod tests {
                     for i in 0..500 {
                         tx.try_send(exchange(&format!("{s}-{i}")));
                         if i % 100 == 0 {
-                            // Pauses longer than nothing, shorter than the active window: both wait modes run.
-                            std::thread::sleep(Duration::from_millis(3));
+                            // Pauses shorter and longer than the active window: the receiver both polls and parks.
+                            let pause = if i % 200 == 0 {
+                                3 * ACTIVE_WINDOW
+                            } else {
+                                ACTIVE_WINDOW / 2
+                            };
+                            std::thread::sleep(pause);
                         }
                     }
                 })
