@@ -59,12 +59,29 @@ impl StoreWriter {
     }
 }
 
+/// How often the writer applies retention (`store.retention_days`, `store.max_traces`), after once at start.
+const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Retention runs on the writer thread (the only writer), between batches and on idle seconds, so an llmtap
+/// that restarts over a store beyond its limits, or that stops receiving traffic, still trims it.
+fn retention_when_due(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: &mut Option<Instant>) {
+    if last.is_some_and(|t| t.elapsed() < RETENTION_INTERVAL) {
+        return;
+    }
+    *last = Some(Instant::now());
+    if let Err(e) = super::read::apply_retention(conn, config, metrics) {
+        metrics.store_error(&e);
+    }
+}
+
 /// How long the writer waits for more records before committing a batch.
 const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(10);
 
 fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics: Arc<Metrics>) {
     crate::pipeline::run_in_background();
-    let mut last_retention = Instant::now();
+    // At start (a store found over its limits is trimmed before anything new arrives), then once a minute.
+    let mut last_retention: Option<Instant> = None;
+    retention_when_due(&conn, &config, &metrics, &mut last_retention);
     let mut batch = Vec::with_capacity(config.batch_size);
     loop {
         // A second without records: give back what other threads freed in this thread's pages.
@@ -72,6 +89,7 @@ fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics:
             Ok(r) => r,
             Err(RecvTimeoutError::Timeout) => {
                 crate::allocator::release_when_idle();
+                retention_when_due(&conn, &config, &metrics, &mut last_retention);
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,
@@ -103,12 +121,7 @@ fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics:
             Err(e) => metrics.store_error(&e),
         }
         batch.clear();
-        if last_retention.elapsed() > Duration::from_secs(60) {
-            last_retention = Instant::now();
-            if let Err(e) = super::read::apply_retention(&conn, &config, &metrics) {
-                metrics.store_error(&e);
-            }
-        }
+        retention_when_due(&conn, &config, &metrics, &mut last_retention);
     }
     let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
 }

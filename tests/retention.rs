@@ -1,0 +1,57 @@
+//! Store retention through the real binary: `store.max_traces` keeps the newest traces and their bodies,
+//! counts what it removed, and applies to a store that was already over the limit when llmtap started.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_traces_keeps_the_newest_and_trims_a_store_found_over_the_limit() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = upstream_config(&up, "[store]\nmax_traces = 3\n");
+    let fixtures: Vec<Fixture> = all_fixtures()
+        .into_iter()
+        .filter(|f| f.status == 200 && f.kind == BodyKind::Json)
+        .take(6)
+        .collect();
+    assert_eq!(fixtures.len(), 6);
+    let client = client();
+
+    // Six calls in quick succession: retention runs at start and then once a minute, so all six are stored.
+    {
+        let mut tap = Llmtap::start(&config, dir.path());
+        for f in &fixtures {
+            assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, 200, "{}", f.name);
+        }
+        assert_eq!(tap.wait_for_traces(6).len(), 6);
+        assert!(tap.terminate().success());
+    }
+
+    // Restarted over a store holding twice the limit: trimmed to the newest three without any new traffic.
+    let tap = Llmtap::start(&config, dir.path());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let traces = loop {
+        let traces = tap.export("provider-traces", &[]);
+        if traces.len() <= 3 || Instant::now() > deadline {
+            break traces;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(traces.len(), 3, "max_traces = 3");
+    for (t, f) in traces.iter().zip(&fixtures[3..]) {
+        let request: Value = serde_json::from_slice(&f.request).unwrap();
+        assert_eq!(
+            t["request"], request,
+            "{}: the newest are kept, with their bodies",
+            f.name
+        );
+        assert_eq!(Some(&t["response"]), f.response_json.as_ref(), "{}", f.name);
+    }
+    assert_eq!(tap.metric("llmtap_evicted_total"), 3);
+}
