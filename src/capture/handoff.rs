@@ -72,25 +72,12 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::capture::CaptureRx;
     use crate::capture::queue::QueueLimits;
-    use crate::capture::{Api, CaptureRx, Captured, ExchangeMeta, Outcome, Timings};
     use crate::telemetry::Metrics;
 
     fn exchange(id: &str) -> RawExchange {
-        RawExchange {
-            id: id.to_owned(),
-            upstream: Arc::from("openai"),
-            api: Api::OpenAiChat,
-            method: "POST".into(),
-            path: "/v1/chat/completions".into(),
-            status: Some(200),
-            request: Captured::default(),
-            response: None,
-            timings: Timings::default(),
-            outcome: Outcome::Complete,
-            error: None,
-            meta: ExchangeMeta::default(),
-        }
+        RawExchange::for_test(id)
     }
 
     fn channel() -> (CaptureTx, CaptureRx) {

@@ -255,6 +255,27 @@ impl RawExchange {
 }
 
 #[cfg(test)]
+impl RawExchange {
+    /// A finished, empty exchange, for tests that only follow exchanges by id.
+    pub(crate) fn for_test(id: &str) -> RawExchange {
+        RawExchange {
+            id: id.to_owned(),
+            upstream: Arc::from("openai"),
+            api: Api::OpenAiChat,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            status: Some(200),
+            request: Captured::default(),
+            response: None,
+            timings: Timings::default(),
+            outcome: Outcome::Complete,
+            error: None,
+            meta: ExchangeMeta::default(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::HeaderList;
 

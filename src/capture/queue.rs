@@ -202,23 +202,9 @@ impl CaptureRx {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::{Api, Captured, ExchangeMeta, Outcome, Timings};
 
     fn exchange(id: &str) -> RawExchange {
-        RawExchange {
-            id: id.to_owned(),
-            upstream: Arc::from("u"),
-            api: Api::Other,
-            method: "POST".into(),
-            path: "/".into(),
-            status: Some(200),
-            request: Captured::default(),
-            response: None,
-            timings: Timings::default(),
-            outcome: Outcome::Complete,
-            error: None,
-            meta: ExchangeMeta::default(),
-        }
+        RawExchange::for_test(id)
     }
 
     fn limits(exchanges: usize) -> QueueLimits {
@@ -228,15 +214,20 @@ mod tests {
         }
     }
 
-    /// A receiver parked with a long timeout is woken by the first send, well before the timeout.
-    #[test]
-    fn a_parked_receiver_is_woken_by_a_send() {
-        let (tx, mut rx) = CaptureTx::channel(limits(8), Arc::new(Metrics::default()));
-        let receiver = std::thread::spawn(move || {
+    /// One receive with a 30 s timeout on its own thread: what it got and how long it waited.
+    fn receive_once(mut rx: CaptureRx) -> std::thread::JoinHandle<(Result<String, RecvTimeoutError>, Duration)> {
+        std::thread::spawn(move || {
             let started = Instant::now();
             let got = rx.recv_timeout(Duration::from_secs(30)).map(|e| e.id);
             (got, started.elapsed())
-        });
+        })
+    }
+
+    /// A receiver parked with a long timeout is woken by the first send, well before the timeout.
+    #[test]
+    fn a_parked_receiver_is_woken_by_a_send() {
+        let (tx, rx) = CaptureTx::channel(limits(8), Arc::new(Metrics::default()));
+        let receiver = receive_once(rx);
         // Let it reach the parked state (it has had no traffic, so it does not poll).
         std::thread::sleep(Duration::from_millis(100));
         tx.try_send(exchange("first"));
@@ -251,12 +242,8 @@ mod tests {
     /// Dropping the last sender wakes a parked receiver, which reports the queue closed at once.
     #[test]
     fn a_parked_receiver_sees_the_last_sender_go() {
-        let (tx, mut rx) = CaptureTx::channel(limits(8), Arc::new(Metrics::default()));
-        let receiver = std::thread::spawn(move || {
-            let started = Instant::now();
-            let got = rx.recv_timeout(Duration::from_secs(30)).map(|e| e.id);
-            (got, started.elapsed())
-        });
+        let (tx, rx) = CaptureTx::channel(limits(8), Arc::new(Metrics::default()));
+        let receiver = receive_once(rx);
         std::thread::sleep(Duration::from_millis(100));
         let clone = tx.clone();
         drop(tx);
