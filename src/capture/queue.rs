@@ -76,8 +76,8 @@ pub struct QueueLimits {
 /// The data path's only handle on the pipeline. Cloning is cheap.
 #[derive(Clone)]
 pub struct CaptureTx {
-    /// std's bounded channel: `try_send` never blocks or allocates per call.
-    tx: mpsc::SyncSender<RawExchange>,
+    /// std's bounded channel: `try_send` never blocks or allocates per call. `None` only inside `drop`.
+    tx: Option<mpsc::SyncSender<RawExchange>>,
     doorbell: Arc<Doorbell>,
     max_bytes: u64,
     /// `metrics.capture_queue_bytes` is the one count of bytes waiting: added here, taken off by the receiver.
@@ -95,7 +95,7 @@ impl CaptureTx {
             metrics: metrics.clone(),
         };
         let tx = CaptureTx {
-            tx,
+            tx: Some(tx),
             doorbell,
             max_bytes: limits.bytes,
             metrics,
@@ -112,15 +112,12 @@ impl CaptureTx {
             self.metrics.capture_dropped();
             return;
         }
-        match self.tx.try_send(exchange) {
-            Ok(()) => {
-                self.metrics.captured.inc();
-                self.doorbell.ring();
-            }
-            Err(_) => {
-                self.metrics.capture_queue_bytes.sub(size);
-                self.metrics.capture_dropped();
-            }
+        if self.tx.as_ref().is_some_and(|tx| tx.try_send(exchange).is_ok()) {
+            self.metrics.captured.inc();
+            self.doorbell.ring();
+        } else {
+            self.metrics.capture_queue_bytes.sub(size);
+            self.metrics.capture_dropped();
         }
     }
 
@@ -132,8 +129,11 @@ impl CaptureTx {
 }
 
 impl Drop for CaptureTx {
-    /// The last sender going away must reach a parked receiver, which then sees the queue disconnected.
+    /// The last sender going away must reach a parked receiver, which then sees the queue disconnected: the
+    /// sender is dropped first, then the bell rung (ringing first could let the receiver look, still find the
+    /// queue connected, and park again with nobody left to wake it).
     fn drop(&mut self) {
+        drop(self.tx.take());
         self.doorbell.ring();
     }
 }
