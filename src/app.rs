@@ -42,13 +42,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
 
     let live = crate::api::live_channel();
     let (capture_tx, pipeline_thread) = if config.capture.enabled {
-        let (tx, rx) = CaptureTx::channel(
-            crate::capture::queue::QueueLimits {
-                exchanges: config.capture.queue_capacity,
-                bytes: config.capture.queue_bytes,
-            },
-            metrics.clone(),
-        );
+        let (tx, rx) = CaptureTx::channel(&config.capture, metrics.clone());
         let thread = crate::pipeline::spawn(
             rx,
             store_tx.clone(),

@@ -21,9 +21,9 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
-    /// Add and return the new value (a gauge used as a budget).
-    pub fn add_get(&self, n: u64) -> u64 {
-        self.0.fetch_add(n, Ordering::Relaxed) + n
+    /// Add and return the value before (a gauge used as a budget).
+    pub fn fetch_add(&self, n: u64) -> u64 {
+        self.0.fetch_add(n, Ordering::Relaxed)
     }
     /// For gauges only.
     pub fn sub(&self, n: u64) {

@@ -73,21 +73,15 @@ mod tests {
 
     use super::*;
     use crate::capture::CaptureRx;
-    use crate::capture::queue::QueueLimits;
+    use crate::config::CaptureConfig;
     use crate::telemetry::Metrics;
 
-    fn exchange(id: &str) -> RawExchange {
-        RawExchange::for_test(id)
-    }
-
     fn channel() -> (CaptureTx, CaptureRx) {
-        CaptureTx::channel(
-            QueueLimits {
-                exchanges: 100,
-                bytes: 1 << 20,
-            },
-            Arc::new(Metrics::default()),
-        )
+        let config = CaptureConfig {
+            queue_capacity: 100,
+            ..CaptureConfig::default()
+        };
+        CaptureTx::channel(&config, Arc::new(Metrics::default()))
     }
 
     fn received(rx: &mut CaptureRx) -> Vec<String> {
@@ -103,7 +97,7 @@ mod tests {
     fn a_thread_that_never_parked_sends_at_once() {
         on_fresh_thread(|| {
             let (tx, mut rx) = channel();
-            tx.send_when_idle(exchange("a"));
+            tx.send_when_idle(RawExchange::for_test("a"));
             assert_eq!(received(&mut rx), ["a"]);
         });
     }
@@ -116,8 +110,8 @@ mod tests {
     fn worker_holds_until_park() {
         let (tx, mut rx) = channel();
         send_pending(); // this thread is now a worker whose park hook runs
-        tx.clone().send_when_idle(exchange("a"));
-        tx.clone().send_when_idle(exchange("b"));
+        tx.clone().send_when_idle(RawExchange::for_test("a"));
+        tx.clone().send_when_idle(RawExchange::for_test("b"));
         assert!(received(&mut rx).is_empty(), "nothing is sent before the worker parks");
         send_pending();
         assert_eq!(received(&mut rx), ["a", "b"]);
@@ -134,10 +128,10 @@ mod tests {
         let (tx, mut rx) = channel();
         send_pending();
         for i in 0..MAX_PENDING - 1 {
-            tx.clone().send_when_idle(exchange(&i.to_string()));
+            tx.clone().send_when_idle(RawExchange::for_test(&i.to_string()));
         }
         assert!(received(&mut rx).is_empty());
-        tx.send_when_idle(exchange("last"));
+        tx.send_when_idle(RawExchange::for_test("last"));
         assert_eq!(received(&mut rx).len(), MAX_PENDING);
     }
 
@@ -146,7 +140,7 @@ mod tests {
         let (tx, mut rx) = channel();
         on_fresh_thread(move || {
             send_pending();
-            tx.send_when_idle(exchange("held"));
+            tx.send_when_idle(RawExchange::for_test("held"));
         });
         assert_eq!(received(&mut rx), ["held"]);
     }

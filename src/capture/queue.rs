@@ -37,6 +37,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use super::RawExchange;
+use crate::config::CaptureConfig;
 use crate::telemetry::Metrics;
 
 /// How long the pipeline sleeps between polls while traffic flows.
@@ -65,14 +66,6 @@ impl Doorbell {
     }
 }
 
-/// How much the queue may hold.
-#[derive(Debug, Clone, Copy)]
-pub struct QueueLimits {
-    pub exchanges: usize,
-    /// Captured body and header bytes waiting in the queue.
-    pub bytes: u64,
-}
-
 /// The data path's only handle on the pipeline. Cloning is cheap.
 #[derive(Clone)]
 pub struct CaptureTx {
@@ -85,8 +78,9 @@ pub struct CaptureTx {
 }
 
 impl CaptureTx {
-    pub fn channel(limits: QueueLimits, metrics: Arc<Metrics>) -> (CaptureTx, CaptureRx) {
-        let (tx, rx) = mpsc::sync_channel(limits.exchanges);
+    /// The queue bounded by `capture.queue_capacity` exchanges and `capture.queue_bytes` bytes.
+    pub fn channel(config: &CaptureConfig, metrics: Arc<Metrics>) -> (CaptureTx, CaptureRx) {
+        let (tx, rx) = mpsc::sync_channel(config.queue_capacity);
         let doorbell = Arc::new(Doorbell::default());
         let rx = CaptureRx {
             rx,
@@ -97,7 +91,7 @@ impl CaptureTx {
         let tx = CaptureTx {
             tx: Some(tx),
             doorbell,
-            max_bytes: limits.bytes,
+            max_bytes: config.queue_bytes,
             metrics,
         };
         (tx, rx)
@@ -106,7 +100,7 @@ impl CaptureTx {
     /// Hand one exchange to the pipeline. Never blocks: a full (or closed) queue drops and counts.
     pub fn try_send(&self, exchange: RawExchange) {
         let size = exchange.held_bytes();
-        let queued = self.metrics.capture_queue_bytes.add_get(size) - size;
+        let queued = self.metrics.capture_queue_bytes.fetch_add(size);
         if queued > 0 && queued + size > self.max_bytes {
             self.metrics.capture_queue_bytes.sub(size);
             self.metrics.capture_dropped();
@@ -203,14 +197,11 @@ impl CaptureRx {
 mod tests {
     use super::*;
 
-    fn exchange(id: &str) -> RawExchange {
-        RawExchange::for_test(id)
-    }
-
-    fn limits(exchanges: usize) -> QueueLimits {
-        QueueLimits {
-            exchanges,
-            bytes: u64::MAX / 2,
+    fn limits(exchanges: usize) -> CaptureConfig {
+        CaptureConfig {
+            queue_capacity: exchanges,
+            queue_bytes: u64::MAX / 2,
+            ..CaptureConfig::default()
         }
     }
 
@@ -226,11 +217,11 @@ mod tests {
     /// A receiver parked with a long timeout is woken by the first send, well before the timeout.
     #[test]
     fn a_parked_receiver_is_woken_by_a_send() {
-        let (tx, rx) = CaptureTx::channel(limits(8), Arc::new(Metrics::default()));
+        let (tx, rx) = CaptureTx::channel(&limits(8), Arc::new(Metrics::default()));
         let receiver = receive_once(rx);
         // Let it reach the parked state (it has had no traffic, so it does not poll).
         std::thread::sleep(Duration::from_millis(100));
-        tx.try_send(exchange("first"));
+        tx.try_send(RawExchange::for_test("first"));
         let (got, waited) = receiver.join().expect("receiver");
         assert_eq!(got.as_deref(), Ok("first"));
         assert!(
@@ -242,7 +233,7 @@ mod tests {
     /// Dropping the last sender wakes a parked receiver, which reports the queue closed at once.
     #[test]
     fn a_parked_receiver_sees_the_last_sender_go() {
-        let (tx, rx) = CaptureTx::channel(limits(8), Arc::new(Metrics::default()));
+        let (tx, rx) = CaptureTx::channel(&limits(8), Arc::new(Metrics::default()));
         let receiver = receive_once(rx);
         std::thread::sleep(Duration::from_millis(100));
         let clone = tx.clone();
@@ -254,7 +245,7 @@ mod tests {
     }
 
     fn holding(id: &str, bytes: usize) -> RawExchange {
-        let mut e = exchange(id);
+        let mut e = RawExchange::for_test(id);
         e.request.body = [bytes::Bytes::from(vec![b'x'; bytes])].into();
         e
     }
@@ -264,11 +255,11 @@ mod tests {
     #[test]
     fn the_byte_budget_drops_what_does_not_fit_and_frees_room_on_receive() {
         let metrics = Arc::new(Metrics::default());
-        let limits = QueueLimits {
-            exchanges: 100,
-            bytes: 10_000,
+        let config = CaptureConfig {
+            queue_bytes: 10_000,
+            ..limits(100)
         };
-        let (tx, mut rx) = CaptureTx::channel(limits, metrics.clone());
+        let (tx, mut rx) = CaptureTx::channel(&config, metrics.clone());
         tx.try_send(holding("a", 4_000));
         tx.try_send(holding("b", 4_000));
         tx.try_send(holding("c", 4_000));
@@ -300,13 +291,13 @@ mod tests {
     /// waits for the receiver's timeout (a lost wake-up would show as a stall of the full timeout).
     #[test]
     fn no_exchange_is_lost_or_left_waiting() {
-        let (tx, mut rx) = CaptureTx::channel(limits(10_000), Arc::new(Metrics::default()));
+        let (tx, mut rx) = CaptureTx::channel(&limits(10_000), Arc::new(Metrics::default()));
         let senders: Vec<_> = (0..4)
             .map(|s| {
                 let tx = tx.clone();
                 std::thread::spawn(move || {
                     for i in 0..500 {
-                        tx.try_send(exchange(&format!("{s}-{i}")));
+                        tx.try_send(RawExchange::for_test(&format!("{s}-{i}")));
                         if i % 100 == 0 {
                             // Pauses shorter and longer than the active window: the receiver both polls and parks.
                             let pause = if i % 200 == 0 {

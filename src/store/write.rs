@@ -62,13 +62,17 @@ impl StoreWriter {
 /// How often the writer applies retention (`store.retention_days`, `store.max_traces`), after once at start.
 const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Retention runs on the writer thread (the only writer), between batches and on idle seconds, so an llmtap
-/// that restarts over a store beyond its limits, or that stops receiving traffic, still trims it.
-fn retention_when_due(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: &mut Option<Instant>) {
-    if last.is_some_and(|t| t.elapsed() < RETENTION_INTERVAL) {
-        return;
+/// Retention runs on the writer thread (the only writer): at start, then between batches and on idle seconds
+/// once [`RETENTION_INTERVAL`] has passed, so an llmtap that restarts over a store beyond its limits, or that
+/// stops receiving traffic, still trims it.
+fn retention_when_due(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: &mut Instant) {
+    if last.elapsed() >= RETENTION_INTERVAL {
+        retain_now(conn, config, metrics, last);
     }
-    *last = Some(Instant::now());
+}
+
+fn retain_now(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: &mut Instant) {
+    *last = Instant::now();
     if let Err(e) = super::read::apply_retention(conn, config, metrics) {
         metrics.store_error(&e);
     }
@@ -79,9 +83,9 @@ const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(10);
 
 fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics: Arc<Metrics>) {
     crate::pipeline::run_in_background();
-    // At start (a store found over its limits is trimmed before anything new arrives), then once a minute.
-    let mut last_retention: Option<Instant> = None;
-    retention_when_due(&conn, &config, &metrics, &mut last_retention);
+    // At start: a store found over its limits is trimmed before anything new arrives.
+    let mut last_retention = Instant::now();
+    retain_now(&conn, &config, &metrics, &mut last_retention);
     let mut batch = Vec::with_capacity(config.batch_size);
     loop {
         // A second without records: give back what other threads freed in this thread's pages.

@@ -171,13 +171,7 @@ fn latency_to_store() {
     else {
         return;
     };
-    let (tx, rx) = CaptureTx::channel(
-        llmtap::capture::queue::QueueLimits {
-            exchanges: 1024,
-            bytes: 1 << 30,
-        },
-        metrics.clone(),
-    );
+    let (tx, rx) = CaptureTx::channel(&llmtap::config::CaptureConfig::default(), metrics.clone());
     let Ok(pipeline) = llmtap::pipeline::spawn(rx, store_tx, DeriveConfig::default(), metrics.clone(), None) else {
         return;
     };
