@@ -33,9 +33,9 @@ pub fn decode_body(encoding: Option<&str>, body: Vec<u8>) -> Result<Vec<u8>, Dec
             }
             "br" => read_all(&lower, brotli_decompressor::Decompressor::new(&data[..], 64 * 1024))?,
             "zstd" => {
-                let decoder = ruzstd::decoding::StreamingDecoder::new(&data[..]).map_err(|e| DecodeError::Corrupt {
+                let decoder = zstd::stream::read::Decoder::new(&data[..]).map_err(|source| DecodeError::Corrupt {
                     encoding: lower.clone(),
-                    source: std::io::Error::other(e.to_string()),
+                    source,
                 })?;
                 read_all(&lower, decoder)?
             }
@@ -67,6 +67,12 @@ mod tests {
         assert_eq!(decode_body(Some("gzip"), gz).unwrap(), b"{\"a\":1}");
         assert_eq!(decode_body(None, b"x".to_vec()).unwrap(), b"x");
         assert!(decode_body(Some("gzip"), b"not gzip".to_vec()).is_err());
+        let zst = zstd::encode_all(&b"{\"b\":2}"[..], 3).unwrap();
+        assert_eq!(decode_body(Some("zstd"), zst.clone()).unwrap(), b"{\"b\":2}");
+        assert!(
+            decode_body(Some("zstd"), zst[..zst.len() - 2].to_vec()).is_err(),
+            "a cut frame"
+        );
         assert!(matches!(
             decode_body(Some("snappy"), vec![]),
             Err(DecodeError::Unsupported(_))

@@ -5,7 +5,7 @@
 //! do not slow queries, and body storage can change (e.g. content addressing) without touching the rest.
 //! WAL + `synchronous=NORMAL` survives `kill -9` of llmtap (only an OS crash can lose the last commits).
 
-mod codec;
+pub mod codec;
 mod read;
 mod schema;
 mod write;
