@@ -353,10 +353,10 @@ fn derive_in_order(calls: &[Fixture]) -> Vec<Value> {
             headers.push(("content-type".into(), "text/event-stream".into()));
         }
         let ex = RawExchange {
-            id: format!("ex-{t}"),
+            id: llmtap::capture::exchange_id(t),
             upstream: f.upstream.into(),
             api: f.api(),
-            method: "POST".into(),
+            method: http::Method::POST,
             path: f.upstream_path.clone(),
             status: Some(f.status),
             request: Captured {

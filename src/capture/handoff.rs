@@ -14,6 +14,7 @@
 //! a worker that exits (runtime shutdown) loses nothing.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 
 use super::{CaptureTx, RawExchange};
 
@@ -27,7 +28,7 @@ thread_local! {
 
 /// One exchange waiting to be sent; sends when dropped, so every path out of the list sends exactly once.
 struct PendingSend {
-    tx: CaptureTx,
+    tx: Arc<CaptureTx>,
     exchange: Option<RawExchange>,
 }
 
@@ -39,7 +40,7 @@ impl Drop for PendingSend {
     }
 }
 
-pub(super) fn defer(tx: CaptureTx, exchange: RawExchange) {
+pub(super) fn defer(tx: Arc<CaptureTx>, exchange: RawExchange) {
     let item = PendingSend {
         tx,
         exchange: Some(exchange),
@@ -69,23 +70,22 @@ pub fn send_pending() {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::capture::CaptureRx;
     use crate::config::CaptureConfig;
     use crate::telemetry::Metrics;
 
-    fn channel() -> (CaptureTx, CaptureRx) {
+    fn channel() -> (Arc<CaptureTx>, CaptureRx) {
         let config = CaptureConfig {
             queue_capacity: 100,
             ..CaptureConfig::default()
         };
-        CaptureTx::channel(&config, Arc::new(Metrics::default()))
+        let (tx, rx) = CaptureTx::channel(&config, Arc::new(Metrics::default()));
+        (Arc::new(tx), rx)
     }
 
-    fn received(rx: &mut CaptureRx) -> Vec<String> {
-        rx.drain().into_iter().map(|e| e.id).collect()
+    fn received(rx: &mut CaptureRx) -> Vec<u128> {
+        rx.drain().into_iter().map(|e| e.id.as_u128()).collect()
     }
 
     /// The list is per thread: each test starts on a thread that has never parked.
@@ -97,8 +97,8 @@ mod tests {
     fn a_thread_that_never_parked_sends_at_once() {
         on_fresh_thread(|| {
             let (tx, mut rx) = channel();
-            tx.send_when_idle(RawExchange::for_test("a"));
-            assert_eq!(received(&mut rx), ["a"]);
+            tx.send_when_idle(RawExchange::for_test(1));
+            assert_eq!(received(&mut rx), [1]);
         });
     }
 
@@ -110,11 +110,11 @@ mod tests {
     fn worker_holds_until_park() {
         let (tx, mut rx) = channel();
         send_pending(); // this thread is now a worker whose park hook runs
-        tx.clone().send_when_idle(RawExchange::for_test("a"));
-        tx.clone().send_when_idle(RawExchange::for_test("b"));
+        tx.clone().send_when_idle(RawExchange::for_test(1));
+        tx.clone().send_when_idle(RawExchange::for_test(2));
         assert!(received(&mut rx).is_empty(), "nothing is sent before the worker parks");
         send_pending();
-        assert_eq!(received(&mut rx), ["a", "b"]);
+        assert_eq!(received(&mut rx), [1, 2]);
         send_pending();
         assert!(received(&mut rx).is_empty(), "each exchange is sent once");
     }
@@ -128,10 +128,10 @@ mod tests {
         let (tx, mut rx) = channel();
         send_pending();
         for i in 0..MAX_PENDING - 1 {
-            tx.clone().send_when_idle(RawExchange::for_test(&i.to_string()));
+            tx.clone().send_when_idle(RawExchange::for_test(i as u128));
         }
         assert!(received(&mut rx).is_empty());
-        tx.send_when_idle(RawExchange::for_test("last"));
+        tx.send_when_idle(RawExchange::for_test(999));
         assert_eq!(received(&mut rx).len(), MAX_PENDING);
     }
 
@@ -140,8 +140,8 @@ mod tests {
         let (tx, mut rx) = channel();
         on_fresh_thread(move || {
             send_pending();
-            tx.send_when_idle(RawExchange::for_test("held"));
+            tx.send_when_idle(RawExchange::for_test(7));
         });
-        assert_eq!(received(&mut rx), ["held"]);
+        assert_eq!(received(&mut rx), [7]);
     }
 }

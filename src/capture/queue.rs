@@ -66,7 +66,9 @@ impl Doorbell {
     }
 }
 
-/// The data path's only handle on the pipeline. Cloning is cheap.
+/// The data path's only handle on the pipeline. The proxy shares one behind an `Arc` (an exchange in flight
+/// holds one reference: one atomic add, where a clone of this struct was three); threads that send on their
+/// own clone it.
 #[derive(Clone)]
 pub struct CaptureTx {
     /// std's bounded channel: `try_send` never blocks or allocates per call. `None` only inside `drop`.
@@ -117,8 +119,13 @@ impl CaptureTx {
 
     /// [`CaptureTx::try_send`] once this worker thread runs out of work (see [`super::handoff`]): never before
     /// the response's last bytes are written to the client.
-    pub fn send_when_idle(self, exchange: RawExchange) {
+    pub fn send_when_idle(self: Arc<Self>, exchange: RawExchange) {
         super::handoff::defer(self, exchange);
+    }
+
+    /// The metrics the queue counts into, for the data path's own counts.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 
@@ -206,10 +213,10 @@ mod tests {
     }
 
     /// One receive with a 30 s timeout on its own thread: what it got and how long it waited.
-    fn receive_once(mut rx: CaptureRx) -> std::thread::JoinHandle<(Result<String, RecvTimeoutError>, Duration)> {
+    fn receive_once(mut rx: CaptureRx) -> std::thread::JoinHandle<(Result<u128, RecvTimeoutError>, Duration)> {
         std::thread::spawn(move || {
             let started = Instant::now();
-            let got = rx.recv_timeout(Duration::from_secs(30)).map(|e| e.id);
+            let got = rx.recv_timeout(Duration::from_secs(30)).map(|e| e.id.as_u128());
             (got, started.elapsed())
         })
     }
@@ -221,9 +228,9 @@ mod tests {
         let receiver = receive_once(rx);
         // Let it reach the parked state (it has had no traffic, so it does not poll).
         std::thread::sleep(Duration::from_millis(100));
-        tx.try_send(RawExchange::for_test("first"));
+        tx.try_send(RawExchange::for_test(1));
         let (got, waited) = receiver.join().expect("receiver");
-        assert_eq!(got.as_deref(), Ok("first"));
+        assert_eq!(got, Ok(1));
         assert!(
             waited < Duration::from_secs(10),
             "woken by the send, not the timeout: {waited:?}"
@@ -244,7 +251,7 @@ mod tests {
         assert!(waited < Duration::from_secs(10), "woken by the drop: {waited:?}");
     }
 
-    fn holding(id: &str, bytes: usize) -> RawExchange {
+    fn holding(id: u128, bytes: usize) -> RawExchange {
         let mut e = RawExchange::for_test(id);
         e.request.body = [bytes::Bytes::from(vec![b'x'; bytes])].into();
         e
@@ -260,28 +267,25 @@ mod tests {
             ..limits(100)
         };
         let (tx, mut rx) = CaptureTx::channel(&config, metrics.clone());
-        tx.try_send(holding("a", 4_000));
-        tx.try_send(holding("b", 4_000));
-        tx.try_send(holding("c", 4_000));
+        tx.try_send(holding(1, 4_000));
+        tx.try_send(holding(2, 4_000));
+        tx.try_send(holding(3, 4_000));
         assert_eq!(metrics.captured.get(), 2);
         assert_eq!(metrics.capture_dropped.get(), 1, "the third would make 12,000 bytes");
         assert_eq!(metrics.capture_queue_bytes.get(), 8_000);
 
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(1)).map(|e| e.id).as_deref(),
-            Ok("a")
-        );
+        assert_eq!(rx.recv_timeout(Duration::from_secs(1)).map(|e| e.id.as_u128()), Ok(1));
         assert_eq!(metrics.capture_queue_bytes.get(), 4_000);
-        tx.try_send(holding("d", 4_000));
+        tx.try_send(holding(4, 4_000));
         assert_eq!(metrics.captured.get(), 3, "room again after a receive");
 
-        let ids: Vec<String> = rx.drain().into_iter().map(|e| e.id).collect();
-        assert_eq!(ids, ["b", "d"]);
+        let ids: Vec<u128> = rx.drain().into_iter().map(|e| e.id.as_u128()).collect();
+        assert_eq!(ids, [2, 4]);
         assert_eq!(metrics.capture_queue_bytes.get(), 0);
 
-        tx.try_send(holding("huge", 50_000));
+        tx.try_send(holding(5, 50_000));
         assert_eq!(metrics.captured.get(), 4, "an oversized exchange passes an empty queue");
-        tx.try_send(holding("small", 10));
+        tx.try_send(holding(6, 10));
         assert_eq!(metrics.capture_dropped.get(), 2, "but nothing joins it over budget");
         assert_eq!(rx.drain().len(), 1);
         assert_eq!(metrics.capture_queue_bytes.get(), 0);
@@ -297,7 +301,7 @@ mod tests {
                 let tx = tx.clone();
                 std::thread::spawn(move || {
                     for i in 0..500 {
-                        tx.try_send(RawExchange::for_test(&format!("{s}-{i}")));
+                        tx.try_send(RawExchange::for_test(s * 1_000 + i));
                         if i % 100 == 0 {
                             // Pauses shorter and longer than the active window: the receiver both polls and parks.
                             let pause = if i % 200 == 0 {

@@ -77,14 +77,15 @@ fn read_body(bytes: &Bytes) -> (Json<'_>, JsonText) {
 
 pub fn process(ex: RawExchange) -> Processed {
     let mut errors = Vec::new();
-    let request_body = body_buffer(&ex.request, &ex.id, &mut errors);
+    let id = ex.id.to_string();
+    let request_body = body_buffer(&ex.request, &id, &mut errors);
     let (request_view, request) = read_body(&request_body);
     let adapter = adapter_for(ex.api);
 
     // A stream is rebuilt into the body a non-streamed call would have returned (a `Value`: reassembly merges
     // chunks); a non-streamed body is read like the request.
     let response_body = match &ex.response {
-        Some(resp) => body_buffer(resp, &ex.id, &mut errors),
+        Some(resp) => body_buffer(resp, &id, &mut errors),
         None => Bytes::new(),
     };
     let mut reassembled: Option<Value> = None;
@@ -110,10 +111,7 @@ pub fn process(ex: RawExchange) -> Processed {
             };
             reassembled = Some(match adapter {
                 Some(a) => a.reassemble(&events).unwrap_or_else(|source| {
-                    errors.push(ProcessError::Adapter {
-                        id: ex.id.clone(),
-                        source,
-                    });
+                    errors.push(ProcessError::Adapter { id: id.clone(), source });
                     Value::Null
                 }),
                 None => Value::Null,
@@ -134,12 +132,7 @@ pub fn process(ex: RawExchange) -> Processed {
             status: ex.status,
         };
         a.normalize(&ctx, &request_view, &response_view)
-            .map_err(|source| {
-                errors.push(ProcessError::Adapter {
-                    id: ex.id.clone(),
-                    source,
-                })
-            })
+            .map_err(|source| errors.push(ProcessError::Adapter { id: id.clone(), source }))
             .ok()
     });
 
@@ -149,10 +142,10 @@ pub fn process(ex: RawExchange) -> Processed {
         .or_else(|| request_view.owned_str("model"));
     drop((request_view, response_view));
     let trace = ProviderTrace {
-        id: ex.id,
+        id,
         upstream: ex.upstream.to_string(),
         api: ex.api,
-        method: ex.method,
+        method: ex.method.as_str().to_owned(),
         path: ex.path,
         status: ex.status,
         outcome: ex.outcome,
@@ -193,10 +186,10 @@ mod tests {
 
     fn exchange(status: u16, response: Captured) -> RawExchange {
         RawExchange {
-            id: "ex1".into(),
+            id: uuid::Uuid::from_u128(1),
             upstream: Arc::from("openai"),
             api: Api::OpenAiChat,
-            method: "POST".into(),
+            method: http::Method::POST,
             path: "/v1/chat/completions".into(),
             status: Some(status),
             request: captured(

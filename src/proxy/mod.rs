@@ -22,7 +22,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::capture::{CaptureTx, Captured, ExchangeMeta, Outcome, RawExchange, Timings, now_micros};
+use crate::capture::{CaptureTx, Captured, ExchangeMeta, Outcome, RawExchange, Timings, exchange_id, now_micros};
 use crate::config::Config;
 use crate::telemetry::Metrics;
 use forward::{Clients, strip_hop_by_hop, upstream_request_headers, upstream_uri};
@@ -73,7 +73,7 @@ pub struct Proxy {
     router: Router,
     clients: Clients,
     /// None when capture is disabled: bodies pass through with no tap at all.
-    capture: Option<CaptureTx>,
+    capture: Option<Arc<CaptureTx>>,
     max_body_bytes: usize,
     metrics: Arc<Metrics>,
 }
@@ -87,7 +87,7 @@ impl Proxy {
         Ok(Proxy {
             router: Router::new(config.upstreams.values().cloned()),
             clients: Clients::build(config.upstreams.values())?,
-            capture,
+            capture: capture.map(Arc::new),
             max_body_bytes: config.capture.max_body_bytes,
             metrics,
         })
@@ -180,10 +180,10 @@ impl Proxy {
                     slot.clone(),
                 );
                 let exchange = RawExchange {
-                    id: uuid::Uuid::now_v7().to_string(),
+                    id: exchange_id(start),
                     upstream: upstream.name.clone(),
                     api: detect_api(upstream.api, route.rest),
-                    method: parts.method.as_str().to_owned(),
+                    method: parts.method.clone(),
                     path: redact::redact_path_and_query(uri.path(), uri.query()),
                     status: None,
                     request: Captured::default(),
@@ -199,8 +199,7 @@ impl Proxy {
                 let pending = PendingExchange {
                     exchange,
                     request: slot,
-                    capture_tx: capture_tx.clone(),
-                    metrics: self.metrics.clone(),
+                    capture: capture_tx.clone(),
                 };
                 (TapBody::new(body, Some(tap)), Some(pending))
             }
@@ -220,7 +219,7 @@ impl Proxy {
                     p.exchange.timings.end = now_micros();
                     p.exchange.outcome = Outcome::UpstreamError;
                     p.exchange.error = Some(error.to_string());
-                    p.capture_tx.send_when_idle(p.exchange);
+                    p.capture.send_when_idle(p.exchange);
                 }
                 return Err(error);
             }

@@ -49,13 +49,14 @@ pub fn redact_headers(headers: &HeaderMap) -> HeaderList {
         if name.starts_with("x-llmtap-") {
             continue;
         }
+        // `push_wire`: a `HeaderMap`'s names and values never hold a newline (nor its names a colon).
         if is_secret_header(header) {
-            out.push(name, REDACTED);
+            out.push_wire(name, REDACTED);
         } else {
             // Almost every value is visible ASCII: no copy of its own; the lossy decode only for the rest.
             match value.to_str() {
-                Ok(v) => out.push(name, v),
-                Err(_) => out.push(name, &String::from_utf8_lossy(value.as_bytes())),
+                Ok(v) => out.push_wire(name, v),
+                Err(_) => out.push_wire(name, &String::from_utf8_lossy(value.as_bytes())),
             }
         }
     }
@@ -116,6 +117,8 @@ mod tests {
             "cookie",
             "set-cookie",
             "x-custom-auth",
+            "api-key",
+            "x-api-key",
         ] {
             // Names arrive as `HeaderName`s, which lowercase whatever the client sent.
             let header = HeaderName::from_bytes(name.as_bytes()).unwrap();
@@ -127,7 +130,10 @@ mod tests {
             "user-agent",
             "anthropic-version",
             "x-stainless-os",
+            "x-stainless-retry-count",
+            "accept-encoding",
             "a",
+            "t",
         ] {
             let header = HeaderName::from_bytes(name.as_bytes()).unwrap();
             assert!(!is_secret_header(&header), "{name} should not be secret");

@@ -15,7 +15,6 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
 use crate::capture::{CaptureTx, Captured, HeaderList, Outcome, RawExchange, now_micros};
-use crate::telemetry::Metrics;
 
 /// Where a request body's capture lands when its tap finishes; the response tap reads it once.
 /// The lock is taken twice per exchange (put, take), never per frame.
@@ -39,8 +38,8 @@ impl RequestSlot {
 pub struct PendingExchange {
     pub exchange: RawExchange,
     pub request: Arc<RequestSlot>,
-    pub capture_tx: CaptureTx,
-    pub metrics: Arc<Metrics>,
+    /// Also where the data path's counts go (`CaptureTx::metrics`).
+    pub capture: Arc<CaptureTx>,
 }
 
 // The response variant is large, but every `Tap` lives in a `Box` already (see `TapBody::tap`): boxing the
@@ -152,9 +151,9 @@ impl Tap {
                 let PendingExchange {
                     mut exchange,
                     request,
-                    capture_tx,
-                    metrics,
+                    capture,
                 } = pending;
+                let metrics = capture.metrics();
                 exchange.request = request.take();
                 exchange.timings.end = now_micros();
                 let truncated = self.captured.truncated || exchange.request.truncated;
@@ -175,7 +174,7 @@ impl Tap {
                     metrics.capture_truncated.inc();
                 }
                 exchange.response = Some(self.captured);
-                capture_tx.send_when_idle(exchange);
+                capture.send_when_idle(exchange);
             }
         }
     }

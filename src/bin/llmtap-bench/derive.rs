@@ -37,10 +37,10 @@ pub fn exchange(session: usize, turn: usize, t: i64) -> RawExchange {
     let req = Bytes::from(request.to_string());
     let resp = Bytes::from(response.to_string());
     RawExchange {
-        id: format!("bench-{session}-{turn}"),
+        id: uuid::Uuid::from_u128(((session as u128) << 64) | turn as u128),
         upstream: Arc::from("openai"),
         api: Api::OpenAiChat,
-        method: "POST".into(),
+        method: http::Method::POST,
         path: "/v1/chat/completions".into(),
         status: Some(200),
         request: Captured {
