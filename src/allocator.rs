@@ -10,6 +10,7 @@
 //! This module holds llmtap's only `unsafe`: mimalloc's `mi_collect` has no safe wrapper.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A thread collects at most this often.
@@ -17,7 +18,11 @@ const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 thread_local! {
     static LAST_COLLECT: Cell<Option<Instant>> = const { Cell::new(None) };
+    static LAST_TICK: Cell<u64> = const { Cell::new(0) };
 }
+
+/// Advanced once per [`MIN_INTERVAL`] by the task [`spawn_idle_wakers`] starts; see [`release_on_tick`].
+static TICK: AtomicU64 = AtomicU64::new(0);
 
 /// Reclaim what other threads freed in this thread's pages and return empty pages to the OS. Forced: a normal
 /// collect skips pages that were full, which is where blocks freed by other threads wait.
@@ -45,17 +50,30 @@ pub fn release_when_idle() {
     }
 }
 
-/// Wake every worker of the current runtime about once per [`MIN_INTERVAL`], so that a worker whose last park
-/// came too soon after its previous collect still collects once traffic stops (its park hook runs
-/// [`release_when_idle`]). One ticking task per worker: when the timer fires on one worker, the others are
-/// woken to take their share of the ready tasks.
+/// For a proxy worker's park hook, which runs two or three times per proxied request: [`release_freed_memory`]
+/// at most once per tick of [`spawn_idle_wakers`]' clock. One relaxed load of a value written once a second,
+/// where [`release_when_idle`] read the clock (~400 instructions per request on the data path).
+pub fn release_on_tick() {
+    let tick = TICK.load(Ordering::Relaxed);
+    if LAST_TICK.with(|last| last.replace(tick)) != tick {
+        release_freed_memory();
+    }
+}
+
+/// Advance [`release_on_tick`]'s clock once per [`MIN_INTERVAL`] and wake every worker of the current runtime
+/// as often, so that each collects once traffic stops (its park hook runs [`release_on_tick`]). One ticking task
+/// per worker: when the timer fires on one worker, the others are woken to take their share of the ready
+/// tasks; the first task also advances the clock.
 pub fn spawn_idle_wakers(workers: usize) {
-    for _ in 0..workers {
-        tokio::spawn(async {
+    for worker in 0..workers {
+        tokio::spawn(async move {
             let mut tick = tokio::time::interval(MIN_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                if worker == 0 {
+                    TICK.fetch_add(1, Ordering::Relaxed);
+                }
             }
         });
     }

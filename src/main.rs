@@ -75,7 +75,7 @@ fn run(cli: Cli) -> Result<()> {
                 // and then, gives back memory other threads freed in its pages (see allocator).
                 .on_thread_park(|| {
                     llmtap::capture::handoff::send_pending();
-                    llmtap::allocator::release_when_idle();
+                    llmtap::allocator::release_on_tick();
                 })
                 .build()?;
             let workers = rt.metrics().num_workers();

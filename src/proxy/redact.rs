@@ -95,12 +95,16 @@ mod tests {
         h.insert("x-custom-auth-token", "t".parse().unwrap());
         h.insert("content-type", "application/json".parse().unwrap());
         h.insert("x-llmtap-session", "s1".parse().unwrap());
+        h.insert("x-utf8", http::HeaderValue::from_bytes("café".as_bytes()).unwrap());
+        h.insert("x-latin1", http::HeaderValue::from_bytes(b"caf\xe9").unwrap());
         let out = redact_headers(&h);
+        assert_eq!(out.get("x-utf8"), Some("café"));
+        assert_eq!(out.get("x-latin1"), Some("caf\u{fffd}"));
         assert!(out.iter().all(|(_, v)| !v.contains("sk-") && v != "AIza" && v != "t"));
         assert_eq!(out.get("content-type"), Some("application/json"));
         assert_eq!(out.get("authorization"), Some(REDACTED));
         assert!(!out.iter().any(|(k, _)| k.starts_with("x-llmtap")));
-        assert_eq!(out.len(), 5);
+        assert_eq!(out.len(), 7);
     }
 
     #[test]
