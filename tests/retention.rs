@@ -1,5 +1,6 @@
-//! Store retention through the real binary: `store.max_traces` keeps the newest traces and their bodies,
-//! counts what it removed, and applies to a store that was already over the limit when llmtap started.
+//! Store retention through the real binary: `store.max_traces` keeps the newest traces with their bodies and
+//! steps, removes what was derived from the others, counts what it removed, and applies to a store that was
+//! already over the limit when llmtap started.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -54,4 +55,33 @@ async fn max_traces_keeps_the_newest_and_trims_a_store_found_over_the_limit() {
         assert_eq!(Some(&t["response"]), f.response_json.as_ref(), "{}", f.name);
     }
     assert_eq!(tap.metric("llmtap_evicted_total"), 3);
+
+    // What was derived from the removed calls went with them: every step left belongs to a kept trace, each
+    // kept trace still has its steps, and no trajectory or export-log entry is left pointing at nothing.
+    let kept: Vec<&str> = traces.iter().filter_map(|t| t["id"].as_str()).collect();
+    let steps = tap.export("steps", &[]);
+    let step_traces: Vec<&str> = steps.iter().filter_map(|s| s["provider_trace_id"].as_str()).collect();
+    assert!(!step_traces.is_empty());
+    assert!(
+        step_traces.iter().all(|t| kept.contains(t)),
+        "{step_traces:?} vs kept {kept:?}"
+    );
+    for id in &kept {
+        assert!(step_traces.contains(id), "kept trace {id} keeps its steps");
+    }
+    let db = rusqlite::Connection::open(dir.path().join(llmtap::store::DB_FILE)).unwrap();
+    let count = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT COUNT(*) FROM steps WHERE trace_id NOT IN (SELECT id FROM traces)"),
+        0
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM trajectories WHERE trajectory_id NOT IN (SELECT trajectory_id FROM steps)"),
+        0
+    );
+    assert!(count("SELECT COUNT(*) FROM trajectories") > 0);
+    assert_eq!(
+        count("SELECT COUNT(*) FROM export_log WHERE kind = 'chat' AND ref NOT IN (SELECT id FROM traces)"),
+        0
+    );
 }

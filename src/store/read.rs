@@ -288,7 +288,8 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
     })
 }
 
-/// Delete traces (and their bodies) beyond the configured age or count. Counts what went before export.
+/// Delete traces (with their bodies, steps and emptied trajectories) beyond the configured age or count. Counts
+/// what went before export.
 pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: &Metrics) -> Result<(), StoreError> {
     let mut cutoff_seq: Option<i64> = None;
     if config.retention_days > 0 {
@@ -319,11 +320,31 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
         )?;
         metrics.evicted_unexported.add(unexported as u64);
     }
-    conn.execute(
-        "DELETE FROM trace_bodies WHERE trace_id IN (SELECT id FROM traces WHERE seq <= ?1)",
+    // What was derived from the removed traces goes with them: their steps, trajectories left without a step,
+    // and the export-log entries that point at any of these (otherwise steps and the log grew without bound
+    // under a retention limit). One transaction: a reader never sees steps whose trace is gone but not they.
+    let tx = conn.unchecked_transaction()?;
+    tx.execute_batch(
+        "CREATE TEMP TABLE IF NOT EXISTS retired_traces (id TEXT PRIMARY KEY);
+         CREATE TEMP TABLE IF NOT EXISTS retired_steps (step_id TEXT PRIMARY KEY);
+         DELETE FROM retired_traces; DELETE FROM retired_steps;",
+    )?;
+    tx.execute(
+        "INSERT INTO retired_traces SELECT id FROM traces WHERE seq <= ?1",
         [cutoff],
     )?;
-    let n = conn.execute("DELETE FROM traces WHERE seq <= ?1", [cutoff])?;
+    tx.execute_batch(
+        "INSERT INTO retired_steps SELECT step_id FROM steps WHERE trace_id IN (SELECT id FROM retired_traces);
+         DELETE FROM trace_bodies WHERE trace_id IN (SELECT id FROM retired_traces);
+         DELETE FROM export_log WHERE kind = 'chat' AND ref IN (SELECT id FROM retired_traces);
+         DELETE FROM export_log WHERE kind = 'tools' AND ref IN (SELECT step_id FROM retired_steps);
+         DELETE FROM steps WHERE step_id IN (SELECT step_id FROM retired_steps);
+         DELETE FROM export_log WHERE kind = 'agent' AND ref IN (
+             SELECT trajectory_id FROM trajectories WHERE trajectory_id NOT IN (SELECT trajectory_id FROM steps));
+         DELETE FROM trajectories WHERE trajectory_id NOT IN (SELECT trajectory_id FROM steps);",
+    )?;
+    let n = tx.execute("DELETE FROM traces WHERE seq <= ?1", [cutoff])?;
+    tx.commit()?;
     metrics.evicted.add(n as u64);
     Ok(())
 }
