@@ -1,6 +1,6 @@
 //! Store retention through the real binary: `store.max_traces` keeps the newest traces with their bodies and
 //! steps, removes what was derived from the others, counts what it removed, and applies to a store that was
-//! already over the limit when llmtap started.
+//! already over the limit when llmtap started; `store.retention_days` removes traces older than that.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -84,4 +84,66 @@ async fn max_traces_keeps_the_newest_and_trims_a_store_found_over_the_limit() {
         count("SELECT COUNT(*) FROM export_log WHERE kind = 'chat' AND ref NOT IN (SELECT id FROM traces)"),
         0
     );
+}
+
+/// `retention_days`: traces that started longer ago than that are removed at start, with what was derived from
+/// them; recent ones stay. Age is set by moving two stored traces' start times back 40 days (the store is the
+/// only place llmtap reads them from).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_days_removes_traces_older_than_the_limit() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = upstream_config(&up, "[store]\nretention_days = 30\n");
+    let fixtures: Vec<Fixture> = all_fixtures()
+        .into_iter()
+        .filter(|f| f.status == 200 && f.kind == BodyKind::Json)
+        .take(4)
+        .collect();
+    let client = client();
+    let ids: Vec<String> = {
+        let mut tap = Llmtap::start(&config, dir.path());
+        for f in &fixtures {
+            assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, 200, "{}", f.name);
+        }
+        let traces = tap.wait_for_traces(4);
+        assert!(tap.terminate().success());
+        traces.iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids.len(), 4);
+    let old = &ids[..2];
+    let db = rusqlite::Connection::open(dir.path().join(llmtap::store::DB_FILE)).unwrap();
+    let forty_days_us: i64 = 40 * 86_400 * 1_000_000;
+    for id in old {
+        let n = db
+            .execute(
+                "UPDATE traces SET started_us = started_us - ?1 WHERE id = ?2",
+                rusqlite::params![forty_days_us, id],
+            )
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+    drop(db);
+
+    let tap = Llmtap::start(&config, dir.path());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let left = loop {
+        let left = tap.export("provider-traces", &[]);
+        if left.len() <= 2 || Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let left: Vec<&str> = left.iter().filter_map(|t| t["id"].as_str()).collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(
+        left.iter().all(|id| !old.iter().any(|o| o == id)),
+        "the two aged traces went"
+    );
+    let step_traces: Vec<String> = tap
+        .export("steps", &[])
+        .iter()
+        .filter_map(|s| s["provider_trace_id"].as_str().map(str::to_owned))
+        .collect();
+    assert!(step_traces.iter().all(|t| !old.contains(t)), "their steps went too");
+    assert_eq!(tap.metric("llmtap_evicted_total"), 2);
 }
