@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::*;
 use serde_json::Value;
 
@@ -16,34 +14,14 @@ async fn max_traces_keeps_the_newest_and_trims_a_store_found_over_the_limit() {
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let config = upstream_config(&up, "[store]\nmax_traces = 3\n");
-    let fixtures: Vec<Fixture> = all_fixtures()
-        .into_iter()
-        .filter(|f| f.status == 200 && f.kind == BodyKind::Json)
-        .take(6)
-        .collect();
-    assert_eq!(fixtures.len(), 6);
-    let client = client();
+    let fixtures = json_calls(6);
 
     // Six calls in quick succession: retention runs at start and then once a minute, so all six are stored.
-    {
-        let mut tap = Llmtap::start(&config, dir.path());
-        for f in &fixtures {
-            assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, 200, "{}", f.name);
-        }
-        assert_eq!(tap.wait_for_traces(6).len(), 6);
-        assert!(tap.terminate().success());
-    }
+    record_calls(&config, dir.path(), &fixtures).await;
 
     // Restarted over a store holding twice the limit: trimmed to the newest three without any new traffic.
     let tap = Llmtap::start(&config, dir.path());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let traces = loop {
-        let traces = tap.export("provider-traces", &[]);
-        if traces.len() <= 3 || Instant::now() > deadline {
-            break traces;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let traces = tap.wait_for_at_most_traces(3);
     assert_eq!(traces.len(), 3, "max_traces = 3");
     for (t, f) in traces.iter().zip(&fixtures[3..]) {
         let request: Value = serde_json::from_slice(&f.request).unwrap();
@@ -69,7 +47,7 @@ async fn max_traces_keeps_the_newest_and_trims_a_store_found_over_the_limit() {
     for id in &kept {
         assert!(step_traces.contains(id), "kept trace {id} keeps its steps");
     }
-    let db = rusqlite::Connection::open(dir.path().join(llmtap::store::DB_FILE)).unwrap();
+    let db = open_store_db(dir.path());
     let count = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
     assert_eq!(
         count("SELECT COUNT(*) FROM steps WHERE trace_id NOT IN (SELECT id FROM traces)"),
@@ -94,24 +72,13 @@ async fn retention_days_removes_traces_older_than_the_limit() {
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let config = upstream_config(&up, "[store]\nretention_days = 30\n");
-    let fixtures: Vec<Fixture> = all_fixtures()
-        .into_iter()
-        .filter(|f| f.status == 200 && f.kind == BodyKind::Json)
-        .take(4)
+    let ids: Vec<String> = record_calls(&config, dir.path(), &json_calls(4))
+        .await
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
         .collect();
-    let client = client();
-    let ids: Vec<String> = {
-        let mut tap = Llmtap::start(&config, dir.path());
-        for f in &fixtures {
-            assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, 200, "{}", f.name);
-        }
-        let traces = tap.wait_for_traces(4);
-        assert!(tap.terminate().success());
-        traces.iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect()
-    };
-    assert_eq!(ids.len(), 4);
     let old = &ids[..2];
-    let db = rusqlite::Connection::open(dir.path().join(llmtap::store::DB_FILE)).unwrap();
+    let db = open_store_db(dir.path());
     let forty_days_us: i64 = 40 * 86_400 * 1_000_000;
     for id in old {
         let n = db
@@ -125,14 +92,7 @@ async fn retention_days_removes_traces_older_than_the_limit() {
     drop(db);
 
     let tap = Llmtap::start(&config, dir.path());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let left = loop {
-        let left = tap.export("provider-traces", &[]);
-        if left.len() <= 2 || Instant::now() > deadline {
-            break left;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let left = tap.wait_for_at_most_traces(2);
     let left: Vec<&str> = left.iter().filter_map(|t| t["id"].as_str()).collect();
     assert_eq!(left.len(), 2, "{left:?}");
     assert!(

@@ -23,22 +23,10 @@ async fn bodies_are_zstd_and_zlib_bodies_of_earlier_builds_still_read() {
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let config = upstream_config(&up, "");
-    let fixtures: Vec<Fixture> = all_fixtures()
-        .into_iter()
-        .filter(|f| f.status == 200 && f.kind == BodyKind::Json)
-        .take(2)
-        .collect();
-    assert_eq!(fixtures.len(), 2);
-    let client = client();
-    let mut tap = Llmtap::start(&config, dir.path());
-    for f in &fixtures {
-        assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, 200, "{}", f.name);
-    }
-    let traces = tap.wait_for_traces(2);
-    assert!(tap.terminate().success());
+    let traces = record_calls(&config, dir.path(), &json_calls(2)).await;
 
     // As written: zstd frames holding exactly the captured JSON text.
-    let db = rusqlite::Connection::open(dir.path().join(llmtap::store::DB_FILE)).unwrap();
+    let db = open_store_db(dir.path());
     let rows: Vec<(String, Vec<u8>, Vec<u8>)> = db
         .prepare("SELECT trace_id, request, response FROM trace_bodies ORDER BY trace_id")
         .unwrap()

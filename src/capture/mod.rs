@@ -1,9 +1,9 @@
 //! The contract between the data path and the pipeline.
 //!
 //! The data path builds one [`RawExchange`] per HTTP exchange out of `Bytes` clones and hands it over with
-//! exactly one non-blocking [`CaptureTx::try_send`], made when the worker thread next runs out of
-//! work (see [`handoff`]), through a queue whose sends rarely need to wake anyone (see [`queue`]). Everything else (decoding, parsing, reassembly,
-//! derivation, storage) happens on other threads.
+//! exactly one non-blocking [`CaptureTx::try_send`], made when the worker thread next runs out of work (see
+//! [`handoff`]), through a queue whose sends rarely need to wake anyone (see [`queue`]). Everything else
+//! (decoding, parsing, reassembly, derivation, storage) happens on other threads.
 
 pub mod decode;
 pub mod handoff;

@@ -141,16 +141,12 @@ pub fn upstream_request_headers(headers: &mut HeaderMap) {
 /// what is present (usually nothing, or `host` and `connection`): a `remove` per candidate name hashed and
 /// probed nine names per message whether they were there or not (~2k instructions per proxied request).
 fn strip(headers: &mut HeaderMap, also: impl Fn(&str) -> bool) {
-    let mut doomed: smallvec::SmallVec<[HeaderName; 4]> = smallvec::SmallVec::new();
-    let mut has_connection = false;
-    for name in headers.keys() {
-        let n = name.as_str();
-        has_connection |= name == header::CONNECTION;
-        if is_hop_by_hop(n) || also(n) {
-            doomed.push(name.clone());
-        }
-    }
-    if has_connection {
+    let mut doomed: smallvec::SmallVec<[HeaderName; 4]> = headers
+        .keys()
+        .filter(|name| is_hop_by_hop(name.as_str()) || also(name.as_str()))
+        .cloned()
+        .collect();
+    if doomed.contains(&header::CONNECTION) {
         let named = headers
             .get_all(header::CONNECTION)
             .iter()

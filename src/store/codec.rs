@@ -5,13 +5,11 @@
 //! Why zstd and not zlib: the store thread used to spend ~68% of its instructions resetting its deflate state
 //! (miniz zeroes its hash tables on every reset, hundreds of kilobytes per body, however small the body), and on
 //! a 2-core machine that background work competes with the proxy's workers. A reused zstd context sizes its
-//! tables to the input and does not clear them between frames. On the recorded corpus (`../shared/fixtures`)
-//! zstd level 1 compressed 2.57:1 at ~34 µs per body, zlib level 1 2.40:1 at ~92 µs (README, Benchmarks).
+//! tables to the input and does not clear them between frames. On the recorded corpus (`llmtap-bench codec`)
+//! zstd level 1 compressed 2.59:1 at ~28 µs per body, zlib level 1 2.42:1 at ~66 µs (README, Benchmarks).
 
 use std::cell::RefCell;
 use std::io::Read;
-
-use flate2::{Decompress, FlushDecompress, Status};
 
 /// zstd level: 1 is its fastest regular level; higher levels gained little on recorded traffic (level 3: 2.60:1
 /// at 1.4x the time).
@@ -29,8 +27,6 @@ thread_local! {
     static COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> = RefCell::new(new_compressor().ok());
     static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
         RefCell::new(zstd::bulk::Decompressor::new().ok());
-    /// For rows written by earlier versions (zlib); reset between bodies.
-    static INFLATE: RefCell<Decompress> = RefCell::new(Decompress::new(true));
 }
 
 /// Frames carry their content size (the reader allocates once) and a checksum (a damaged body reads back as
@@ -85,27 +81,11 @@ fn unzstd(blob: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
-/// A zlib stream, through the reused inflate state. Fed in a loop that grows the output as needed; None on an
-/// error, or when the stream stops moving with room left to write (an input that ended early).
+/// A zlib stream (rows written before zstd: rare, so no state is kept for them).
 fn inflate(blob: &[u8]) -> Option<Vec<u8>> {
-    INFLATE.with(|d| {
-        let mut d = d.borrow_mut();
-        d.reset(true);
-        let mut out = Vec::with_capacity(blob.len().saturating_mul(4).max(64));
-        loop {
-            if out.len() == out.capacity() {
-                out.reserve(out.capacity().max(64));
-            }
-            let before = (d.total_in(), d.total_out());
-            let rest = &blob[before.0 as usize..];
-            // Not `Finish`: miniz reads that as "the output buffer holds everything" and fails otherwise.
-            match d.decompress_vec(rest, &mut out, FlushDecompress::None).ok()? {
-                Status::StreamEnd => return Some(out),
-                _ if before == (d.total_in(), d.total_out()) && out.len() < out.capacity() => return None,
-                _ => {}
-            }
-        }
-    })
+    let mut out = Vec::with_capacity(blob.len().saturating_mul(4));
+    flate2::read::ZlibDecoder::new(blob).read_to_end(&mut out).ok()?;
+    Some(out)
 }
 
 #[cfg(test)]

@@ -604,6 +604,18 @@ impl Llmtap {
         }
     }
 
+    /// Provider traces once at most `n` remain (retention runs in the store's background), or after 20 s.
+    pub fn wait_for_at_most_traces(&self, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let traces = self.export("provider-traces", &[]);
+            if traces.len() <= n || Instant::now() > deadline {
+                return traces;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Every captured exchange processed, and the store's write count stable.
     pub fn wait_settled(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -721,6 +733,36 @@ pub async fn send_body(client: &Client, tap: &Llmtap, f: &Fixture, body: Vec<u8>
 }
 
 /// Send a fixture's request through llmtap, naming the recording for the upstream.
+/// The first `n` recorded non-streamed calls that succeeded.
+pub fn json_calls(n: usize) -> Vec<Fixture> {
+    let calls: Vec<Fixture> = all_fixtures()
+        .into_iter()
+        .filter(|f| f.status == 200 && f.kind == BodyKind::Json)
+        .take(n)
+        .collect();
+    assert_eq!(calls.len(), n, "recorded JSON calls");
+    calls
+}
+
+/// A store as an earlier run leaves it: llmtap started over `data_dir`, `calls` sent one by one, everything
+/// stored and derived, llmtap stopped. Returns the stored provider traces.
+pub async fn record_calls(config: &str, data_dir: &Path, calls: &[Fixture]) -> Vec<Value> {
+    let client = client();
+    let mut tap = Llmtap::start(config, data_dir);
+    for f in calls {
+        assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, 200, "{}", f.name);
+    }
+    let traces = tap.wait_for_traces(calls.len());
+    assert_eq!(traces.len(), calls.len());
+    assert!(tap.terminate().success());
+    traces
+}
+
+/// The store's SQLite file, opened directly (tests that inspect or age rows).
+pub fn open_store_db(data_dir: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(data_dir.join(llmtap::store::DB_FILE)).unwrap()
+}
+
 pub async fn send_fixture(client: &Client, tap: &Llmtap, f: &Fixture, extra: &[(&str, &str)]) -> Reply {
     let mut headers = vec![
         ("content-type", "application/json"),

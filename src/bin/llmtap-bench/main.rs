@@ -1,7 +1,8 @@
 //! llmtap's benchmark: prints figures, asserts nothing. `scripts/bench.sh` builds it in release and runs it.
 //!
-//! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase), `derive` (normalize + derive
-//! throughput, latency to a stored step), `codec` (the store's body compression on the recorded corpus); `--smoke` runs a tiny configuration (CI checks it still runs).
+//! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase),
+//! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
+//! the recorded corpus); `--smoke` runs a tiny configuration (CI checks it still runs).
 //! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts).
 #![allow(clippy::print_stdout)]
 
@@ -42,12 +43,13 @@ fn main() {
         scale.latency_rate = rate;
     }
     let scale = &scale;
+    let codec_rounds = if smoke { 1 } else { 20 };
     match mode {
         "all" => {
             proxy::run(scale, false);
             proxy::export(if smoke { 500 } else { 20_000 });
             derive::run(calls);
-            codec::run(if smoke { 1 } else { 20 });
+            codec::run(codec_rounds);
         }
         "proxy" => proxy::run(scale, false),
         "latency" => proxy::run(scale, true),
@@ -66,7 +68,7 @@ fn main() {
         "derive-throughput" => derive::throughput(calls),
         "derive-steady" => derive::steady(calls),
         "derive-split" => derive::split(calls, 5..15),
-        "codec" => codec::run(if smoke { 1 } else { 20 }),
+        "codec" => codec::run(codec_rounds),
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
         other => eprintln!("unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec"),
     }
