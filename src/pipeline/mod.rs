@@ -1,8 +1,9 @@
 //! The pipeline thread: capture queue → process (decode, reassemble, normalize) → derive → store.
 //!
-//! One OS thread, off the async workers. It owns the deriver's state, so derivation needs no locks. It ends
-//! when the capture queue closes (every `CaptureTx` dropped, i.e. after the proxy drained), flushing the
-//! deriver's open trajectories first.
+//! One OS thread, off the async workers. It owns the deriver's state, so derivation needs no locks. It works in
+//! passes: what the capture queue holds is processed back to back and handed to the store as one batch (one
+//! wake-up of the writer per pass, not one per record). It ends when the capture queue closes (every
+//! `CaptureTx` dropped, i.e. after the proxy drained), flushing the deriver's open trajectories first.
 
 pub mod process;
 
@@ -16,6 +17,10 @@ use crate::config::DeriveConfig;
 use crate::derive::Deriver;
 use crate::store::{Record, StoreTx};
 use crate::telemetry::Metrics;
+
+/// At most this many exchanges go into one batch for the store (about three records each), so a long backlog
+/// is committed in pieces rather than held in one growing batch.
+const EXCHANGES_PER_PASS: usize = 64;
 
 pub fn spawn(
     mut rx: CaptureRx,
@@ -36,13 +41,25 @@ pub fn spawn(
                 let next = rx.recv_timeout(tick);
                 let now = crate::capture::now_micros();
                 match next {
-                    Ok(ex) => {
-                        let processed = process::process(ex);
-                        for e in &processed.errors {
-                            metrics.process_error(e);
+                    Ok(first) => {
+                        // One pass: this exchange and those already queued behind it, stored as one batch.
+                        let mut records = Vec::new();
+                        let mut exchange = Some(first);
+                        let mut taken = 0;
+                        while let Some(ex) = exchange {
+                            let processed = process::process(ex);
+                            for e in &processed.errors {
+                                metrics.process_error(e);
+                            }
+                            metrics.processed.inc();
+                            records.extend(deriver.observe(processed));
+                            taken += 1;
+                            exchange = if taken < EXCHANGES_PER_PASS {
+                                rx.try_recv()
+                            } else {
+                                None
+                            };
                         }
-                        metrics.processed.inc();
-                        let records = deriver.observe(processed);
                         emit(&store, &metrics, live.as_ref(), records);
                     }
                     // A second without traffic: give back what the store thread freed in our pages.
@@ -61,18 +78,18 @@ pub fn spawn(
 
 fn emit(store: &StoreTx, metrics: &Metrics, live: Option<&crate::api::LiveTx>, records: Vec<Record>) {
     let live = live.filter(|l| l.receiver_count() > 0);
-    for r in records {
-        if let Record::Step(s) = &r {
+    for r in &records {
+        if let Record::Step(s) = r {
             metrics.steps_derived.inc();
             if let Some(l) = live {
                 let _ = l.send(crate::api::LiveEvent::Step(Arc::new((**s).clone())));
             }
         }
-        if let (Record::Trace(t), Some(l)) = (&r, live) {
+        if let (Record::Trace(t), Some(l)) = (r, live) {
             let _ = l.send(crate::api::LiveEvent::Trace(Arc::new(crate::api::trace_summary(t))));
         }
-        store.send(r);
     }
+    store.send(records);
 }
 
 /// Capture work must never take CPU from the data path: on a busy machine the pipeline and store threads yield

@@ -1,11 +1,13 @@
-//! The single writer: a dedicated OS thread that drains a bounded channel in batched transactions.
+//! The single writer: a dedicated OS thread that commits what the pipeline sends in batched transactions.
 //!
-//! Producers (the pipeline thread) block when the channel is full; the data path never touches it (it only
-//! feeds the capture queue, which drops when full). Write errors are counted and logged once; the batch is lost
-//! but the thread keeps going, so one bad record cannot stop capture.
+//! The pipeline sends records in batches, one per pass over the capture queue (see [`crate::pipeline`]), so a
+//! burst of exchanges costs the writer one wake-up, not one per record. Producers block when the channel is
+//! full; the data path never touches it (it only feeds the capture queue, which drops when full). Write errors
+//! are counted and logged once; the batch is lost but the thread keeps going, so one bad record cannot stop
+//! capture.
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -19,24 +21,24 @@ use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::telemetry::Metrics;
 
+/// Batches the channel holds before the pipeline waits. Each is at most about `store.batch_size` records.
+const QUEUED_BATCHES: usize = 4;
+
 #[derive(Clone)]
 pub struct StoreTx {
-    tx: SyncSender<Record>,
+    tx: SyncSender<Vec<Record>>,
     metrics: Arc<Metrics>,
 }
 
 impl StoreTx {
-    /// Blocking send (back-pressure on the pipeline thread only).
-    pub fn send(&self, record: Record) {
-        if self.tx.send(record).is_err() {
-            self.metrics.store_dropped.inc();
+    /// Blocking send of one batch (back-pressure on the pipeline thread only). An empty batch is not sent.
+    pub fn send(&self, records: Vec<Record>) {
+        if records.is_empty() {
+            return;
         }
-    }
-
-    /// Non-blocking send for callers that must not wait.
-    pub fn try_send(&self, record: Record) {
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(record) {
-            self.metrics.store_dropped.inc();
+        let n = records.len() as u64;
+        if self.tx.send(records).is_err() {
+            self.metrics.store_dropped.add(n);
         }
     }
 }
@@ -50,7 +52,7 @@ impl StoreWriter {
         config: StoreConfig,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<(StoreTx, JoinHandle<()>)> {
-        let (tx, rx) = sync_channel(config.batch_size * 4);
+        let (tx, rx) = sync_channel(QUEUED_BATCHES);
         let m = metrics.clone();
         let handle = std::thread::Builder::new()
             .name("llmtap-store".into())
@@ -78,10 +80,13 @@ fn retain_now(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: 
     }
 }
 
-/// How long the writer waits for more records before committing a batch.
-const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(10);
+/// How long the writer waits for more batches before committing. A commit writes every page it touches to the
+/// WAL (tables and indexes): one exchange per commit cost ~10 page writes. While traffic flows the pipeline sends
+/// a batch every 20 ms or so (its poll interval); waiting this long lets a commit carry a few of them. Only
+/// capture latency pays (a step is stored up to this much later), never the data path.
+const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(50);
 
-fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics: Arc<Metrics>) {
+fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, metrics: Arc<Metrics>) {
     crate::pipeline::run_in_background();
     // At start: a store found over its limits is trimmed before anything new arrives.
     let mut last_retention = Instant::now();
@@ -90,7 +95,7 @@ fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics:
     loop {
         // A second without records: give back what other threads freed in this thread's pages.
         let first = match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(r) => r,
+            Ok(records) => records,
             Err(RecvTimeoutError::Timeout) => {
                 crate::allocator::release_when_idle();
                 retention_when_due(&conn, &config, &metrics, &mut last_retention);
@@ -98,15 +103,12 @@ fn run(mut conn: Connection, rx: Receiver<Record>, config: StoreConfig, metrics:
             }
             Err(RecvTimeoutError::Disconnected) => break,
         };
-        batch.push(first);
-        // Group commit: a transaction writes every page it touches to the WAL (tables and indexes), so one
-        // exchange per commit cost ~10 page writes; waiting up to GROUP_COMMIT_WAIT for more records shares
-        // them. Only capture latency pays (the step is stored a few ms later), never the data path.
+        batch.extend(first);
         let deadline = Instant::now() + GROUP_COMMIT_WAIT;
         while batch.len() < config.batch_size {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(r) => batch.push(r),
+                Ok(records) => batch.extend(records),
                 Err(_) => break,
             }
         }
