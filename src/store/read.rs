@@ -73,6 +73,7 @@ impl StoreReader {
         )
         .map_err(|source| StoreError::Open { path, source })?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        super::stable_plans(&conn)?;
         Ok(StoreReader { conn })
     }
 
@@ -380,5 +381,50 @@ impl Cursor {
             )?
             .execute(rusqlite::params![self.sink, seq])?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::StatementStatus;
+
+    use super::*;
+
+    /// Lookups by id keep their prepared statement from one id to the next (see `store::stable_plans`): without
+    /// it, each new bound value made SQLite parse and plan the query again.
+    #[test]
+    fn lookups_by_id_are_not_prepared_again_for_each_id() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let writer = super::super::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let reader = StoreReader::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let ids: Vec<String> = (0..5).map(|i| format!("trace-{i}")).collect();
+        for id in &ids {
+            writer
+                .execute(
+                    "INSERT INTO traces (id, upstream, api, method, path, outcome, streamed, started_us, ended_us,
+                         request_bytes, response_bytes, request_headers, response_headers, metadata)
+                     VALUES (?1, 'u', 'openai', 'POST', '/v1/chat/completions', 'complete', 0, 1, 2, 0, 0, '[]',
+                         '[]', '{}')",
+                    [id],
+                )
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        for id in &ids {
+            let trace = reader.trace(id).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(trace.map(|t| t.id).as_deref(), Some(id.as_str()));
+            assert!(reader.step_for_trace(id).unwrap_or_else(|e| panic!("{e}")).is_none());
+        }
+        let reprepared = |sql: &str| {
+            reader
+                .conn
+                .prepare_cached(sql)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .get_status(StatementStatus::RePrepare)
+        };
+        assert_eq!(reprepared(&format!("{TRACE_SELECT} WHERE t.id = ?1")), 0);
+        assert_eq!(
+            reprepared("SELECT step_id, body FROM steps WHERE trace_id = ?1 AND role = 'agent' ORDER BY seq LIMIT 1"),
+            0
+        );
     }
 }

@@ -3,7 +3,8 @@
 //! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
 //! the recorded corpus); `--smoke` runs a tiny configuration (CI checks it still runs).
-//! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts).
+//! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
+//! OTLP/gRPC receiver that counts spans, for profiling llmtap by hand).
 #![allow(clippy::print_stdout)]
 
 mod codec;
@@ -64,6 +65,15 @@ fn main() {
                 .unwrap_or(0);
             report(servers::passthrough(port))
         }
+        "receiver" => match servers::otlp_receiver() {
+            Ok((addr, _)) => {
+                println!("listening on {addr}");
+                loop {
+                    std::thread::park();
+                }
+            }
+            Err(e) => eprintln!("llmtap-bench: {e}"),
+        },
         "derive" => derive::run(calls),
         "derive-throughput" => derive::throughput(calls),
         "derive-steady" => derive::steady(calls),

@@ -21,6 +21,13 @@ use transport::{ExportError, Transport};
 
 /// After shutdown is requested, how long a worker keeps draining what is already stored.
 pub const FLUSH_DEADLINE: Duration = Duration::from_secs(5);
+/// How long the exporter waits before looking at the store again when the last look found less than a full batch
+/// (or nothing): records gather into batches instead of going out a few at a time, as the OpenTelemetry
+/// Collector's batch processor does on the same 200 ms. Every look costs a read of the export log, a gRPC round
+/// trip, the receiver's work and a cursor write. A full batch is followed at once by the next, so a backlog
+/// drains at full speed; during the shutdown flush there is no wait. (At 500 req/s, against looking again right
+/// after a send: exporter CPU 82 → 74 µs per exchange, `perf stat --per-thread`. Modest, because the store
+/// commits every 50 ms or so and a look right after a send mostly found nothing new.)
 const IDLE_POLL: Duration = Duration::from_millis(200);
 
 pub struct SinkContext {
@@ -53,6 +60,8 @@ struct Batch {
     metrics: Option<opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest>,
     spans: usize,
     head: i64,
+    /// The export log held a whole `batch_size` of entries: more may be waiting.
+    full: bool,
 }
 
 /// Read the next batch after the cursor and build its spans (blocking: SQLite).
@@ -87,6 +96,7 @@ fn next_batch(ctx: &SinkContext, reader: &StoreReader, after: i64) -> Result<Opt
         },
         spans,
         head,
+        full: entries.len() >= ctx.config.batch_size,
     }))
 }
 
@@ -242,6 +252,7 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             break;
         }
         let seq = batch.last_seq;
+        let caught_up = !batch.full;
         if let Some(h) = handles.take() {
             match tokio::task::spawn_blocking(move || {
                 let saved = h.cursor.set(seq);
@@ -258,6 +269,10 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
                 Ok((_, Err(e))) => ctx.metrics.store_error(&e),
                 Err(_) => break,
             }
+        }
+        // Caught up: let the next batch gather (see IDLE_POLL). A stop request ends the wait at once.
+        if caught_up && deadline.is_none() {
+            sleep_or_stop(&stop, IDLE_POLL, deadline).await;
         }
     }
 }
