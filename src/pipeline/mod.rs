@@ -43,22 +43,15 @@ pub fn spawn(
                 match next {
                     Ok(first) => {
                         // One pass: this exchange and those already queued behind it, stored as one batch.
+                        let queued = std::iter::from_fn(|| rx.try_recv());
                         let mut records = Vec::new();
-                        let mut exchange = Some(first);
-                        let mut taken = 0;
-                        while let Some(ex) = exchange {
-                            let processed = process::process(ex);
+                        for exchange in std::iter::once(first).chain(queued).take(EXCHANGES_PER_PASS) {
+                            let processed = process::process(exchange);
                             for e in &processed.errors {
                                 metrics.process_error(e);
                             }
                             metrics.processed.inc();
                             records.extend(deriver.observe(processed));
-                            taken += 1;
-                            exchange = if taken < EXCHANGES_PER_PASS {
-                                rx.try_recv()
-                            } else {
-                                None
-                            };
                         }
                         emit(&store, &metrics, live.as_ref(), records);
                     }
