@@ -144,29 +144,25 @@ impl MetricsService for Receiver {
     }
 }
 
-/// Serve gRPC on `addr` until the returned sender is dropped.
-async fn serve_grpc(r: Receiver, addr: SocketAddr) -> tokio::sync::oneshot::Sender<()> {
+/// Serve gRPC on `addr` (port 0: any free port) until the returned sender is dropped; returns the bound address.
+/// The listener is bound here and handed to the server, so no other test can take the port in between.
+async fn serve_grpc(r: Receiver, addr: SocketAddr) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let addr = listener.local_addr().unwrap();
     let svc = TraceServiceServer::new(r.clone()).accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     let msvc = MetricsServiceServer::new(r).accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(svc)
             .add_service(msvc)
-            .serve_with_shutdown(addr, async {
+            .serve_with_incoming_shutdown(llmtap::api::incoming(listener), async {
                 let _ = rx.await;
             })
             .await
             .unwrap();
     });
-    // Wait until it accepts connections.
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tx
+    (addr, tx)
 }
 
 /// OTLP/HTTP: POST /v1/traces, protobuf or JSON, optionally gzip.
@@ -254,9 +250,8 @@ fn attr(s: &Span, key: &str) -> Option<String> {
     s.attributes.iter().find(|kv| kv.key == key).map(|kv| str_of(&kv.value))
 }
 
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+fn any_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
 /// A loopback port for a receiver that is down for a while: bound but not listening, so connections to it are
@@ -296,8 +291,7 @@ async fn replay(tap: &Llmtap, sessions: &[&str]) -> usize {
 async fn grpc_receiver_gets_the_genai_span_tree() {
     let up = Upstream::start(ReplayOptions::default()).await;
     let receiver = Receiver::new(Mode::Accept);
-    let addr = free_port();
-    let _server = serve_grpc(receiver.clone(), addr).await;
+    let (addr, _server) = serve_grpc(receiver.clone(), any_port()).await;
     let dir = tempfile::tempdir().unwrap();
     let mut tap = Llmtap::start(
         &otlp_config(&up, &format!("http://{addr}"), "grpc", "capture_content = true\n"),
@@ -533,7 +527,7 @@ async fn outage_and_restart_lose_no_span() {
     // The receiver comes back.
     let receiver = Receiver::new(Mode::Accept);
     drop(reservation);
-    let _server = serve_grpc(receiver.clone(), addr).await;
+    let (_, _server) = serve_grpc(receiver.clone(), addr).await;
     let want: HashSet<Vec<u8>> = traces
         .iter()
         .map(|t| llmtap::export::otlp::spans::chat_span_id(t["id"].as_str().unwrap()))
@@ -586,8 +580,7 @@ async fn rejections_and_partial_success_are_not_retried() {
     for mode in [Mode::Invalid, Mode::Partial] {
         let up = Upstream::start(ReplayOptions::default()).await;
         let receiver = Receiver::new(mode);
-        let addr = free_port();
-        let _server = serve_grpc(receiver.clone(), addr).await;
+        let (addr, _server) = serve_grpc(receiver.clone(), any_port()).await;
         let dir = tempfile::tempdir().unwrap();
         let tap = Llmtap::start(&otlp_config(&up, &format!("http://{addr}"), "grpc", ""), dir.path());
         let f = fixture("openai_chat/openllmetry__chat_basic_gzip");
@@ -649,8 +642,7 @@ fn hex(b: &[u8]) -> String {
 async fn several_destinations_each_get_everything() {
     let up = Upstream::start(ReplayOptions::default()).await;
     let (grpc, http) = (Receiver::new(Mode::Accept), Receiver::new(Mode::Accept));
-    let gaddr = free_port();
-    let _server = serve_grpc(grpc.clone(), gaddr).await;
+    let (gaddr, _server) = serve_grpc(grpc.clone(), any_port()).await;
     let haddr = serve_http(http.clone()).await;
     let dir = tempfile::tempdir().unwrap();
     let config = upstream_config(
