@@ -83,7 +83,9 @@ fn retain_now(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: 
 /// How long the writer waits for more batches before committing. A commit writes every page it touches to the
 /// WAL (tables and indexes): one exchange per commit cost ~10 page writes. While traffic flows the pipeline sends
 /// a batch every 20 ms or so (its poll interval); waiting this long lets a commit carry a few of them. Only
-/// capture latency pays (a step is stored up to this much later), never the data path.
+/// capture latency pays (a step is stored up to this much later), never the data path. A batch that comes after
+/// a quiet spell (none in the last `GROUP_COMMIT_WAIT`) is committed at once: a sparse caller, such as one agent,
+/// has nothing to share a commit with, and its steps then reach the store within milliseconds.
 const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(50);
 
 fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, metrics: Arc<Metrics>) {
@@ -92,6 +94,7 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
     let mut last_retention = Instant::now();
     retain_now(&conn, &config, &metrics, &mut last_retention);
     let mut batch = Vec::with_capacity(config.batch_size);
+    let mut last_batch: Option<Instant> = None;
     loop {
         // A second without records: give back what other threads freed in this thread's pages.
         let first = match rx.recv_timeout(Duration::from_secs(1)) {
@@ -104,11 +107,17 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
             Err(RecvTimeoutError::Disconnected) => break,
         };
         batch.extend(first);
-        let deadline = Instant::now() + GROUP_COMMIT_WAIT;
-        while batch.len() < config.batch_size {
+        let now = Instant::now();
+        let traffic_flows = last_batch.is_some_and(|t| now.duration_since(t) < GROUP_COMMIT_WAIT);
+        last_batch = Some(now);
+        let deadline = now + GROUP_COMMIT_WAIT;
+        while traffic_flows && batch.len() < config.batch_size {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(records) => batch.extend(records),
+                Ok(records) => {
+                    batch.extend(records);
+                    last_batch = Some(Instant::now());
+                }
                 Err(_) => break,
             }
         }

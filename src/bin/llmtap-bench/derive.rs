@@ -175,29 +175,43 @@ fn latency_to_store() {
     let Ok(pipeline) = llmtap::pipeline::spawn(rx, store_tx, DeriveConfig::default(), metrics.clone(), None) else {
         return;
     };
-    let mut lat = Vec::new();
-    for i in 0..300 {
-        let before = metrics.stored.get();
-        let t0 = Instant::now();
-        tx.try_send(exchange(i, 9, llmtap::capture::now_micros()));
-        // A 20-message call in a new trajectory: trace + agent step + trajectory summary = 3 records.
-        while metrics.stored.get() < before + 3 {
-            if t0.elapsed() > Duration::from_secs(5) {
-                break;
+    // Back to back (each call sent as soon as the previous one is stored: traffic that flows, so the store groups
+    // commits), then a sparse caller (one call every 200 ms, like an agent waiting on its model).
+    let series = [
+        ("back to back", 300, Duration::ZERO),
+        ("one call every 200 ms", 25, Duration::from_millis(200)),
+    ];
+    let mut next_id = 0;
+    let mut results = Vec::new();
+    for (name, calls, gap) in series {
+        let mut lat = Vec::new();
+        for _ in 0..calls {
+            std::thread::sleep(gap);
+            let before = metrics.stored.get();
+            let t0 = Instant::now();
+            tx.try_send(exchange(next_id, 9, llmtap::capture::now_micros()));
+            next_id += 1;
+            // A 20-message call in a new trajectory: trace + agent step + trajectory summary = 3 records.
+            while metrics.stored.get() < before + 3 {
+                if t0.elapsed() > Duration::from_secs(5) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(20));
             }
-            std::thread::sleep(Duration::from_micros(20));
+            lat.push(t0.elapsed());
         }
-        lat.push(t0.elapsed());
+        results.push((name, Summary::of(&mut lat)));
     }
     drop(tx);
     let _ = pipeline.join();
     let _ = store_thread.join();
-    let s = Summary::of(&mut lat);
-    println!(
-        "  latency try_send -> step committed in SQLite (20-message call): p50 {} p99 {}",
-        s.p50_us(),
-        s.p99_us()
-    );
+    for (name, s) in results {
+        println!(
+            "  latency try_send -> step committed in SQLite (20-message call, {name}): p50 {} p99 {}",
+            s.p50_us(),
+            s.p99_us()
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
