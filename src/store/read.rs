@@ -156,17 +156,9 @@ impl StoreReader {
         let mut rows = stmt.query(params_from_iter(params))?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
-            let id: String = row.get(0)?;
-            let body: String = row.get(1)?;
-            let prompts: Option<String> = row.get(2)?;
-            let tools: Option<String> = row.get(3)?;
-            let mut summary: TrajectorySummary = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
-                id,
-                what: e.to_string(),
-            })?;
-            summary.system_prompts = prompts.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default();
-            summary.tool_definitions = tools.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
-            out.push(SessionRow { summary });
+            out.push(SessionRow {
+                summary: summary_from_row(row)?,
+            });
         }
         Ok(out)
     }
@@ -208,16 +200,16 @@ impl StoreReader {
         self.step_where("step_id", step_id)
     }
 
+    /// One trajectory by id (a primary-key lookup: the exporter asks once per span for the parent chain).
     pub fn trajectory(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
-        let f = TraceFilter {
-            session: Some(id.to_owned()),
-            ..TraceFilter::default()
-        };
-        Ok(self
-            .sessions(&f)?
-            .into_iter()
-            .map(|r| r.summary)
-            .find(|s| s.trajectory_id == id))
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT trajectory_id, body, system_prompts, tool_definitions FROM trajectories WHERE trajectory_id = ?1",
+        )?;
+        let mut rows = stmt.query([id])?;
+        match rows.next()? {
+            Some(row) => Ok(Some(summary_from_row(row)?)),
+            None => Ok(None),
+        }
     }
 
     /// Export log entries after `after`, oldest first: (seq, kind, ref).
@@ -243,6 +235,21 @@ impl StoreReader {
             .conn
             .query_row("SELECT COUNT(*) FROM traces", [], |r| r.get::<_, i64>(0))? as u64)
     }
+}
+
+/// A trajectory summary from (trajectory_id, body, system_prompts, tool_definitions).
+fn summary_from_row(row: &Row<'_>) -> Result<TrajectorySummary, StoreError> {
+    let id: String = row.get(0)?;
+    let body: String = row.get(1)?;
+    let prompts: Option<String> = row.get(2)?;
+    let tools: Option<String> = row.get(3)?;
+    let mut summary: TrajectorySummary = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+        id,
+        what: e.to_string(),
+    })?;
+    summary.system_prompts = prompts.and_then(|p| serde_json::from_str(&p).ok()).unwrap_or_default();
+    summary.tool_definitions = tools.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    Ok(summary)
 }
 
 /// The columns `trace_from_row` reads, in its order.
