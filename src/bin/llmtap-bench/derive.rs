@@ -70,7 +70,7 @@ pub fn exchange(session: usize, turn: usize, t: i64) -> RawExchange {
 
 pub fn run(calls: usize) {
     throughput(calls);
-    latency_to_store();
+    latency_to_store(calls);
 }
 
 pub fn throughput(calls: usize) {
@@ -160,7 +160,7 @@ fn measure(label: &str, calls: usize, turns: std::ops::Range<usize>) {
 
 /// From `CaptureTx::try_send` to the step committed in SQLite, one call at a time, through the real pipeline
 /// thread and store writer thread.
-fn latency_to_store() {
+fn latency_to_store(calls: usize) {
     let dir = match tempfile_dir() {
         Some(d) => d,
         None => return,
@@ -177,15 +177,20 @@ fn latency_to_store() {
     };
     // Back to back (each call sent as soon as the previous one is stored: traffic that flows, so the store groups
     // commits), then a sparse caller (one call every 200 ms, like an agent waiting on its model).
+    // 300 and 25 calls at the full scale (100,000 derivation calls); fewer in the smoke run.
     let series = [
-        ("back to back", 300, Duration::ZERO),
-        ("one call every 200 ms", 25, Duration::from_millis(200)),
+        ("back to back", (calls / 333).clamp(20, 300), Duration::ZERO),
+        (
+            "one call every 200 ms",
+            (calls / 4_000).clamp(5, 25),
+            Duration::from_millis(200),
+        ),
     ];
     let mut next_id = 0;
     let mut results = Vec::new();
-    for (name, calls, gap) in series {
+    for (name, n, gap) in series {
         let mut lat = Vec::new();
-        for _ in 0..calls {
+        for _ in 0..n {
             std::thread::sleep(gap);
             let before = metrics.stored.get();
             let t0 = Instant::now();
