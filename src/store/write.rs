@@ -21,7 +21,8 @@ use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::telemetry::Metrics;
 
-/// Batches the channel holds before the pipeline waits. Each is at most about `store.batch_size` records.
+/// Batches the channel holds before the pipeline waits. Each is one pipeline pass: at most 64 exchanges, about
+/// three records each.
 const QUEUED_BATCHES: usize = 4;
 
 #[derive(Clone)]

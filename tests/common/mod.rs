@@ -593,26 +593,25 @@ impl Llmtap {
     /// Wait until the store holds at least `n` provider traces and everything derived from them (capture is
     /// asynchronous by design: a call's trace and its steps may commit in different store transactions).
     pub fn wait_for_traces(&self, n: usize) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let traces = self.export("provider-traces", &[]);
-            if traces.len() >= n || Instant::now() > deadline {
-                self.wait_settled();
-                return self.export("provider-traces", &[]);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.wait_for_trace_count(|stored| stored >= n);
+        self.wait_settled();
+        self.export("provider-traces", &[])
     }
 
     /// Provider traces once at most `n` remain (retention runs in the store's background), or after 20 s.
     pub fn wait_for_at_most_traces(&self, n: usize) -> Vec<Value> {
+        self.wait_for_trace_count(|stored| stored <= n)
+    }
+
+    /// The stored provider traces once their count satisfies `done`, or after 20 s.
+    fn wait_for_trace_count(&self, done: impl Fn(usize) -> bool) -> Vec<Value> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let traces = self.export("provider-traces", &[]);
-            if traces.len() <= n || Instant::now() > deadline {
+            if done(traces.len()) || Instant::now() > deadline {
                 return traces;
             }
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
@@ -732,7 +731,6 @@ pub async fn send_body(client: &Client, tap: &Llmtap, f: &Fixture, body: Vec<u8>
     .await
 }
 
-/// Send a fixture's request through llmtap, naming the recording for the upstream.
 /// The first `n` recorded non-streamed calls that succeeded.
 pub fn json_calls(n: usize) -> Vec<Fixture> {
     let calls: Vec<Fixture> = all_fixtures()
@@ -763,6 +761,7 @@ pub fn open_store_db(data_dir: &Path) -> rusqlite::Connection {
     rusqlite::Connection::open(data_dir.join(llmtap::store::DB_FILE)).unwrap()
 }
 
+/// Send a fixture's request through llmtap, naming the recording for the upstream.
 pub async fn send_fixture(client: &Client, tap: &Llmtap, f: &Fixture, extra: &[(&str, &str)]) -> Reply {
     let mut headers = vec![
         ("content-type", "application/json"),

@@ -252,7 +252,6 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             break;
         }
         let seq = batch.last_seq;
-        let caught_up = !batch.full;
         if let Some(h) = handles.take() {
             match tokio::task::spawn_blocking(move || {
                 let saved = h.cursor.set(seq);
@@ -271,7 +270,7 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             }
         }
         // Caught up: let the next batch gather (see IDLE_POLL). A stop request ends the wait at once.
-        if caught_up && deadline.is_none() {
+        if !batch.full && deadline.is_none() {
             sleep_or_stop(&stop, IDLE_POLL, deadline).await;
         }
     }
