@@ -41,6 +41,84 @@ impl Once {
     }
 }
 
+/// "Log the first of each episode and a periodic summary": a failure that repeats (a full disk, a sink that
+/// rejects every batch) is logged when it starts, then summarised at most once per `interval` while it lasts,
+/// and logged again when it comes back after a success. A process-wide "log once" hid a second episode an hour
+/// later; logging every failure flooded the log.
+#[derive(Debug)]
+pub struct EpisodeLog {
+    interval: std::time::Duration,
+    state: std::sync::Mutex<EpisodeState>,
+}
+
+#[derive(Debug, Default)]
+struct EpisodeState {
+    /// Failures since the episode began that were not logged individually.
+    quiet: u64,
+    /// When the episode began or was last summarised; `None` outside an episode.
+    since: Option<std::time::Instant>,
+}
+
+/// What the caller should log for a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpisodeReport {
+    /// The first failure of an episode: log it in full.
+    First,
+    /// The summary is due: `count` more failures happened since the last line.
+    Summary { count: u64 },
+    /// Count it only.
+    Quiet,
+}
+
+impl Default for EpisodeLog {
+    fn default() -> Self {
+        EpisodeLog::new(std::time::Duration::from_secs(60))
+    }
+}
+
+impl EpisodeLog {
+    pub fn new(interval: std::time::Duration) -> EpisodeLog {
+        EpisodeLog {
+            interval,
+            state: std::sync::Mutex::new(EpisodeState::default()),
+        }
+    }
+
+    pub fn failure(&self) -> EpisodeReport {
+        self.failure_at(std::time::Instant::now())
+    }
+
+    pub fn failure_at(&self, now: std::time::Instant) -> EpisodeReport {
+        let Ok(mut s) = self.state.lock() else {
+            return EpisodeReport::Quiet;
+        };
+        match s.since {
+            None => {
+                s.since = Some(now);
+                s.quiet = 0;
+                EpisodeReport::First
+            }
+            Some(since) => {
+                s.quiet += 1;
+                if now.duration_since(since) >= self.interval {
+                    let count = std::mem::take(&mut s.quiet);
+                    s.since = Some(now);
+                    EpisodeReport::Summary { count }
+                } else {
+                    EpisodeReport::Quiet
+                }
+            }
+        }
+    }
+
+    /// The episode (if any) is over. Returns the failures not yet reported, so the caller can log the end.
+    pub fn success(&self) -> Option<u64> {
+        let mut s = self.state.lock().ok()?;
+        s.since.take()?;
+        Some(std::mem::take(&mut s.quiet))
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub requests: Counter,
@@ -219,4 +297,27 @@ pub fn init_logging() {
         .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
+}
+
+#[cfg(test)]
+mod episode_tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn first_failure_then_one_summary_per_interval_then_again_after_a_success() {
+        let log = EpisodeLog::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        assert_eq!(log.failure_at(t0), EpisodeReport::First);
+        assert_eq!(log.failure_at(t0 + Duration::from_secs(1)), EpisodeReport::Quiet);
+        assert_eq!(log.failure_at(t0 + Duration::from_secs(2)), EpisodeReport::Quiet);
+        assert_eq!(
+            log.failure_at(t0 + Duration::from_secs(61)),
+            EpisodeReport::Summary { count: 3 }
+        );
+        assert_eq!(log.failure_at(t0 + Duration::from_secs(62)), EpisodeReport::Quiet);
+        assert_eq!(log.success(), Some(1));
+        assert_eq!(log.success(), None, "no episode to end");
+        assert_eq!(log.failure_at(t0 + Duration::from_secs(3600)), EpisodeReport::First);
+    }
 }
