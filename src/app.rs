@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -31,9 +30,6 @@ pub enum AppError {
     Thread(#[source] std::io::Error),
 }
 
-/// How long in-flight exchanges may take to finish after a shutdown signal.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::default());
     let conn = crate::store::open(&config.data_dir)?;
@@ -41,14 +37,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         StoreWriter::spawn(conn, config.store.clone(), metrics.clone()).map_err(AppError::Thread)?;
 
     let live = crate::api::live_channel();
+    let pipeline_stop = CancellationToken::new();
     let (capture_tx, pipeline_thread) = if config.capture.enabled {
         let (tx, rx) = CaptureTx::channel(&config.capture, metrics.clone());
         let thread = crate::pipeline::spawn(
             rx,
             store_tx.clone(),
             config.derive.clone(),
+            config.capture.max_body_bytes,
             metrics.clone(),
             Some(live.clone()),
+            pipeline_stop.clone(),
         )
         .map_err(AppError::Thread)?;
         (Some(tx), Some(thread))
@@ -109,9 +108,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         }
     }
 
-    proxy.serve(listener, shutdown, SHUTDOWN_GRACE).await;
+    proxy.serve(listener, shutdown).await;
     api_stop.cancel();
-    // Every CaptureTx clone lives in the proxy and its in-flight bodies; both are gone now.
+    pipeline_stop.cancel();
+    // The proxy has closed every connection; the pipeline ends once the capture queue is empty.
     let threads = tokio::task::spawn_blocking(move || {
         if let Some(t) = pipeline_thread {
             let _ = t.join();

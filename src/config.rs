@@ -73,6 +73,17 @@ pub struct RawConfig {
     pub export: RawExport,
     #[serde(default)]
     pub api: RawApi,
+    #[serde(default)]
+    pub server: RawServer,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub header_read_timeout_secs: Option<u64>,
+    pub idle_timeout_secs: Option<u64>,
+    pub max_connections: Option<usize>,
+    pub shutdown_grace_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -153,6 +164,34 @@ pub struct Config {
     pub api_listen: Option<SocketAddr>,
     /// Resource attributes for exports (service.name and OTEL_RESOURCE_ATTRIBUTES).
     pub resource: Vec<(String, String)>,
+    pub server: ServerConfig,
+}
+
+/// Limits on the listening side: a slow or idle client must not hold a connection (and its file descriptor and
+/// buffers) forever, and no number of clients may exhaust the process's file descriptors.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// A client must send a request's whole header block within this time (hyper's default, 30 s). For
+    /// HTTP/1.1 the clock also runs while a kept-alive connection waits for its next request.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed (nginx's `keepalive_timeout`, 75 s).
+    pub idle_timeout: Duration,
+    /// Connections served at once; beyond it llmtap stops accepting until one closes (they wait in the
+    /// kernel's backlog), like nginx's `worker_connections`.
+    pub max_connections: usize,
+    /// After SIGTERM/SIGINT, how long in-flight exchanges may take before their connections are closed.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(75),
+            max_connections: 4096,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,6 +355,26 @@ impl RawConfig {
             retention_days: self.store.retention_days.unwrap_or(sd.retention_days),
             max_traces: self.store.max_traces.unwrap_or(sd.max_traces),
         };
+        let server_defaults = ServerConfig::default();
+        let secs = |v: Option<u64>, default: Duration| v.map(Duration::from_secs).unwrap_or(default);
+        let server = ServerConfig {
+            header_read_timeout: secs(
+                self.server.header_read_timeout_secs,
+                server_defaults.header_read_timeout,
+            ),
+            idle_timeout: secs(self.server.idle_timeout_secs, server_defaults.idle_timeout),
+            max_connections: self.server.max_connections.unwrap_or(server_defaults.max_connections),
+            shutdown_grace: secs(self.server.shutdown_grace_secs, server_defaults.shutdown_grace),
+        };
+        if server.max_connections == 0 {
+            return Err(invalid("server.max_connections", "must be at least 1"));
+        }
+        if server.header_read_timeout.is_zero() || server.idle_timeout.is_zero() {
+            return Err(invalid(
+                "server",
+                "header_read_timeout_secs and idle_timeout_secs must be at least 1",
+            ));
+        }
         let derive = DeriveConfig {
             idle_timeout: self
                 .derive
@@ -424,6 +483,7 @@ impl RawConfig {
                 ),
             },
             resource,
+            server,
         })
     }
 }

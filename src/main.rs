@@ -79,7 +79,7 @@ fn run(cli: Cli) -> Result<()> {
                 })
                 .build()?;
             let workers = rt.metrics().num_workers();
-            rt.block_on(async move {
+            let served = rt.block_on(async move {
                 llmtap::allocator::spawn_idle_wakers(workers);
                 let shutdown = CancellationToken::new();
                 let signal = shutdown.clone();
@@ -89,7 +89,11 @@ fn run(cli: Cli) -> Result<()> {
                     signal.cancel();
                 });
                 llmtap::app::run(config, shutdown).await
-            })?;
+            });
+            // Blocking tasks still running (an API reader on a stalled client) must not hold the exit up:
+            // everything that matters has been stored by now.
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            served?;
         }
         Command::CheckConfig { config } => {
             let c = load_config(config.as_ref())?.validate()?;

@@ -142,12 +142,26 @@ pub struct Metrics {
     pub export_retries: Counter,
     pub export_failed: Counter,
     pub export_lag: Counter,
+    pub capture_over_budget: Counter,
+    pub accept_errors: Counter,
+    pub connections_at_limit: Counter,
+    logged_over_budget: Once,
     logged_drop: Once,
     logged_process_error: Once,
     logged_store_error: Once,
 }
 
 impl Metrics {
+    /// A tap stopped keeping a body because captured bytes in memory reached `capture.queue_bytes`.
+    pub fn capture_over_budget(&self) {
+        self.capture_over_budget.inc();
+        if self.logged_over_budget.first() {
+            tracing::warn!(
+                "Captured bytes in memory reached capture.queue_bytes; cutting captures (traffic unaffected, counted in llmtap_capture_over_budget_total)"
+            );
+        }
+    }
+
     pub fn capture_dropped(&self) {
         self.capture_dropped.inc();
         if self.logged_drop.first() {
@@ -206,13 +220,28 @@ impl Metrics {
             ),
             (
                 "llmtap_capture_queue_bytes",
-                "Captured body and header bytes waiting for the pipeline.",
+                "Captured body and header bytes held in memory (exchanges in flight and waiting for the pipeline).",
                 self.capture_queue_bytes.get(),
             ),
             (
                 "llmtap_capture_truncated_total",
-                "Exchanges whose body exceeded the capture cap.",
+                "Exchanges captured only in part: a body over the capture cap (on the wire or decoded), or capture memory spent.",
                 self.capture_truncated.get(),
+            ),
+            (
+                "llmtap_accept_errors_total",
+                "Failed accepts on the proxy listener (e.g. out of file descriptors).",
+                self.accept_errors.get(),
+            ),
+            (
+                "llmtap_connections_at_limit_total",
+                "Times the proxy stopped accepting because server.max_connections connections were open.",
+                self.connections_at_limit.get(),
+            ),
+            (
+                "llmtap_capture_over_budget_total",
+                "Bodies whose capture was cut because captured bytes in memory reached capture.queue_bytes.",
+                self.capture_over_budget.get(),
             ),
             (
                 "llmtap_processed_total",

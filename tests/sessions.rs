@@ -365,6 +365,7 @@ fn derive_in_order(calls: &[Fixture]) -> Vec<Value> {
                 len: f.request.len() as u64,
                 truncated: false,
                 ended: true,
+                ..Default::default()
             },
             response: Some(Captured {
                 headers: headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
@@ -372,6 +373,7 @@ fn derive_in_order(calls: &[Fixture]) -> Vec<Value> {
                 len: f.body.len() as u64,
                 truncated: false,
                 ended: true,
+                ..Default::default()
             }),
             timings: Timings {
                 start: t,
@@ -381,9 +383,10 @@ fn derive_in_order(calls: &[Fixture]) -> Vec<Value> {
             outcome: Outcome::Complete,
             error: None,
             meta: ExchangeMeta::default(),
+            charge: Default::default(),
         };
         t += 10_000;
-        for rec in d.observe(llmtap::pipeline::process::process(ex)) {
+        for rec in d.observe(llmtap::pipeline::process::process(ex, usize::MAX)) {
             if let Record::Step(s) = rec {
                 latest.insert(s.step_id.clone(), serde_json::to_value(&*s).unwrap());
             }

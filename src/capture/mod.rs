@@ -5,6 +5,7 @@
 //! [`handoff`]), through a queue whose sends rarely need to wake anyone (see [`queue`]). Everything else
 //! (decoding, parsing, reassembly, derivation, storage) happens on other threads.
 
+pub mod budget;
 pub mod decode;
 pub mod handoff;
 pub mod queue;
@@ -180,6 +181,8 @@ pub struct Captured {
     pub truncated: bool,
     /// The body reached its end (false when the stream was cut).
     pub ended: bool,
+    /// The body's bytes as charged to the capture budget; released when this capture is dropped.
+    pub charge: budget::Charge,
 }
 
 impl Captured {
@@ -266,9 +269,18 @@ pub struct RawExchange {
     pub outcome: Outcome,
     pub error: Option<String>,
     pub meta: ExchangeMeta,
+    /// What the capture queue charged for the rest of `held_bytes` (headers, and bodies not charged yet).
+    pub charge: budget::Charge,
 }
 
 impl RawExchange {
+    /// Held bytes not yet charged to the capture budget.
+    pub fn uncharged_bytes(&self) -> u64 {
+        let charged =
+            self.request.charge.bytes() + self.response.as_ref().map_or(0, |r| r.charge.bytes()) + self.charge.bytes();
+        self.held_bytes().saturating_sub(charged)
+    }
+
     /// Captured bytes this exchange keeps alive (what the capture queue's byte budget counts).
     pub fn held_bytes(&self) -> u64 {
         self.request.held_bytes() + self.response.as_ref().map_or(0, Captured::held_bytes)
@@ -292,6 +304,7 @@ impl RawExchange {
             outcome: Outcome::Complete,
             error: None,
             meta: ExchangeMeta::default(),
+            charge: Default::default(),
         }
     }
 }

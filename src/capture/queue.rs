@@ -45,6 +45,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use super::RawExchange;
+use super::budget::Budget;
 use crate::config::CaptureConfig;
 use crate::telemetry::Metrics;
 
@@ -82,9 +83,9 @@ pub struct CaptureTx {
     /// std's bounded channel: `try_send` never blocks or allocates per call. `None` only inside `drop`.
     tx: Option<mpsc::SyncSender<RawExchange>>,
     doorbell: Arc<Doorbell>,
-    max_bytes: u64,
-    /// `metrics.capture_queue_bytes` is the one count of bytes waiting: added here, taken off by the receiver.
-    metrics: Arc<Metrics>,
+    /// `metrics.capture_queue_bytes` is the one count of captured bytes held, in flight and queued (see
+    /// [`super::budget`]): the taps charge bodies as they keep them, a send charges the rest.
+    budget: Budget,
 }
 
 impl CaptureTx {
@@ -96,33 +97,34 @@ impl CaptureTx {
             rx,
             doorbell: doorbell.clone(),
             active_until: None,
-            metrics: metrics.clone(),
         };
         let tx = CaptureTx {
             tx: Some(tx),
             doorbell,
-            max_bytes: config.queue_bytes,
-            metrics,
+            budget: Budget::new(metrics, config.queue_bytes),
         };
         (tx, rx)
     }
 
     /// Hand one exchange to the pipeline. Never blocks: a full (or closed) queue drops and counts.
-    pub fn try_send(&self, exchange: RawExchange) {
-        let size = exchange.held_bytes();
-        let queued = self.metrics.capture_queue_bytes.fetch_add(size);
-        if queued > 0 && queued + size > self.max_bytes {
-            self.metrics.capture_queue_bytes.sub(size);
-            self.metrics.capture_dropped();
+    pub fn try_send(&self, mut exchange: RawExchange) {
+        let rest = exchange.uncharged_bytes();
+        if rest > 0 && !self.budget.reserve(&mut exchange.charge, rest) {
+            // Dropping the exchange gives back what its taps had charged.
+            self.budget.metrics().capture_dropped();
             return;
         }
         if self.tx.as_ref().is_some_and(|tx| tx.try_send(exchange).is_ok()) {
-            self.metrics.captured.inc();
+            self.budget.metrics().captured.inc();
             self.doorbell.ring();
         } else {
-            self.metrics.capture_queue_bytes.sub(size);
-            self.metrics.capture_dropped();
+            self.budget.metrics().capture_dropped();
         }
+    }
+
+    /// The capture budget, for the taps to charge bodies as they keep them.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     /// [`CaptureTx::try_send`] once this worker thread runs out of work (see [`super::handoff`]): never before
@@ -133,7 +135,7 @@ impl CaptureTx {
 
     /// The metrics the queue counts into, for the data path's own counts.
     pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+        self.budget.metrics()
     }
 }
 
@@ -153,7 +155,6 @@ pub struct CaptureRx {
     doorbell: Arc<Doorbell>,
     /// Poll (rather than park) until then: an exchange arrived recently.
     active_until: Option<Instant>,
-    metrics: Arc<Metrics>,
 }
 
 impl CaptureRx {
@@ -204,7 +205,6 @@ impl CaptureRx {
     fn try_take(&mut self) -> Result<Option<RawExchange>, RecvTimeoutError> {
         match self.rx.try_recv() {
             Ok(exchange) => {
-                self.metrics.capture_queue_bytes.sub(exchange.held_bytes());
                 self.active_until = Some(Instant::now() + ACTIVE_WINDOW);
                 Ok(Some(exchange))
             }

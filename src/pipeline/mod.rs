@@ -21,13 +21,17 @@ use crate::telemetry::Metrics;
 /// At most this many exchanges go into one batch for the store (about three records each), so a long backlog
 /// is committed in pieces rather than held in one growing batch.
 const EXCHANGES_PER_PASS: usize = 64;
+/// While stopping: how long the queue must stay empty before the thread ends.
+const STOPPING_POLL: Duration = Duration::from_millis(20);
 
 pub fn spawn(
     mut rx: CaptureRx,
     store: StoreTx,
     derive: DeriveConfig,
+    body_cap: usize,
     metrics: Arc<Metrics>,
     live: Option<crate::api::LiveTx>,
+    stop: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("llmtap-pipeline".into())
@@ -37,8 +41,10 @@ pub fn spawn(
             let tick = Duration::from_secs(1);
             let mut last_sweep = std::time::Instant::now();
             loop {
-                // Wake up at least once a second to close idle trajectories.
-                let next = rx.recv_timeout(tick);
+                // Wake up at least once a second to close idle trajectories; when stopping, look often so that
+                // the thread ends as soon as the queue is empty.
+                let wait = if stop.is_cancelled() { STOPPING_POLL } else { tick };
+                let next = rx.recv_timeout(wait);
                 let now = crate::capture::now_micros();
                 match next {
                     Ok(first) => {
@@ -46,15 +52,22 @@ pub fn spawn(
                         let queued = std::iter::from_fn(|| rx.try_recv());
                         let mut records = Vec::new();
                         for exchange in std::iter::once(first).chain(queued).take(EXCHANGES_PER_PASS) {
-                            let processed = process::process(exchange);
+                            let processed = process::process(exchange, body_cap);
                             for e in &processed.errors {
-                                metrics.process_error(e);
+                                if let process::ProcessError::DecodedOverCap { .. } = e {
+                                    metrics.capture_truncated.inc();
+                                } else {
+                                    metrics.process_error(e);
+                                }
                             }
                             metrics.processed.inc();
                             records.extend(deriver.observe(processed));
                         }
                         emit(&store, &metrics, live.as_ref(), records);
                     }
+                    // Shutdown: senders may outlive the grace period (a hung upstream on an HTTP/2 stream whose
+                    // connection is gone), so the queue's being empty ends the thread, not its closing.
+                    Err(RecvTimeoutError::Timeout) if stop.is_cancelled() => break,
                     // A second without traffic: give back what the store thread freed in our pages.
                     Err(RecvTimeoutError::Timeout) => crate::allocator::release_when_idle(),
                     Err(RecvTimeoutError::Disconnected) => break,

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::capture::sse::{looks_like_sse, parse_events};
-use crate::capture::{Captured, RawExchange, decode::decode_body};
+use crate::capture::{Captured, Outcome, RawExchange, decode::decode_body};
 use crate::model::call::NormalizedCall;
 use crate::model::json::{Json, JsonText};
 use crate::model::trace::ProviderTrace;
@@ -15,6 +15,8 @@ use crate::provider::{CallContext, adapter_for};
 pub enum ProcessError {
     #[error("exchange {id}: {what}")]
     Body { id: String, what: String },
+    #[error("exchange {id}: a body decodes to more than the capture cap ({cap} bytes); kept cut at the cap")]
+    DecodedOverCap { id: String, cap: usize },
     #[error("exchange {id}: {source}")]
     Adapter {
         id: String,
@@ -31,10 +33,13 @@ pub struct Processed {
     pub errors: Vec<ProcessError>,
 }
 
-fn decoded_text(c: &Captured, id: &str, errors: &mut Vec<ProcessError>) -> String {
+fn decoded_text(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> String {
     let raw = c.body_bytes();
-    let bytes = match decode_body(c.header("content-encoding"), raw) {
-        Ok(b) => b,
+    let bytes = match decode_body(c.header("content-encoding"), raw, cap) {
+        Ok(decoded) => {
+            *truncated |= decoded.truncated;
+            decoded.bytes
+        }
         Err(e) => {
             errors.push(ProcessError::Body {
                 id: id.to_owned(),
@@ -51,14 +56,14 @@ fn decoded_text(c: &Captured, id: &str, errors: &mut Vec<ProcessError>) -> Strin
 
 /// The body as one buffer: the captured frame itself when it is a single uncompressed one (no copy), else the
 /// frames decoded and joined.
-fn body_buffer(c: &Captured, id: &str, errors: &mut Vec<ProcessError>) -> Bytes {
+fn body_buffer(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Bytes {
     let identity = c
         .header("content-encoding")
         .is_none_or(|e| e.eq_ignore_ascii_case("identity"));
     if identity && c.body.len() == 1 {
         return c.body[0].clone();
     }
-    Bytes::from(decoded_text(c, id, errors))
+    Bytes::from(decoded_text(c, id, cap, errors, truncated))
 }
 
 /// A body read without building a `Value`: a borrowed view for the adapter and the text to keep. A body that
@@ -75,17 +80,20 @@ fn read_body(bytes: &Bytes) -> (Json<'_>, JsonText) {
     (Json::String(text.into()), kept)
 }
 
-pub fn process(ex: RawExchange) -> Processed {
+/// `cap`: the most bytes a body may decode to (`capture.max_body_bytes`); beyond it the decoded copy is cut and
+/// the trace marked truncated, as the data path does for bytes on the wire.
+pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
     let mut errors = Vec::new();
     let id = ex.id.to_string();
-    let request_body = body_buffer(&ex.request, &id, &mut errors);
+    let mut truncated = false;
+    let request_body = body_buffer(&ex.request, &id, cap, &mut errors, &mut truncated);
     let (request_view, request) = read_body(&request_body);
     let adapter = adapter_for(ex.api);
 
     // A stream is rebuilt into the body a non-streamed call would have returned (a `Value`: reassembly merges
     // chunks); a non-streamed body is read like the request.
     let response_body = match &ex.response {
-        Some(resp) => body_buffer(resp, &id, &mut errors),
+        Some(resp) => body_buffer(resp, &id, cap, &mut errors, &mut truncated),
         None => Bytes::new(),
     };
     let mut reassembled: Option<Value> = None;
@@ -120,6 +128,12 @@ pub fn process(ex: RawExchange) -> Processed {
         }
     }
     let streamed = reassembled.is_some();
+    if truncated {
+        errors.push(ProcessError::DecodedOverCap { id: id.clone(), cap });
+        if ex.outcome == Outcome::Complete {
+            ex.outcome = Outcome::Truncated;
+        }
+    }
     let (response_view, response) = match &reassembled {
         Some(v) => (Json::from_value(v), JsonText::from_value(v)),
         None => read_body(&response_body),
@@ -172,7 +186,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::capture::{Api, ExchangeMeta, Outcome, Timings};
+    use crate::capture::{Api, ExchangeMeta, Timings};
+
+    const CAP: usize = 32 << 20;
 
     fn captured(content_type: &str, body: &'static [u8]) -> Captured {
         Captured {
@@ -181,6 +197,7 @@ mod tests {
             len: body.len() as u64,
             truncated: false,
             ended: true,
+            ..Default::default()
         }
     }
 
@@ -201,6 +218,7 @@ mod tests {
             outcome: Outcome::Complete,
             error: None,
             meta: ExchangeMeta::default(),
+            charge: Default::default(),
         }
     }
 
@@ -212,7 +230,7 @@ mod tests {
                 "application/json",
                 br#"{"id":"c1","model":"gpt-4o-x","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"yo"}}]}"#,
             ),
-        ));
+        ), CAP);
         assert_eq!(
             p.trace.request.as_str(),
             r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#
@@ -225,11 +243,30 @@ mod tests {
 
     #[test]
     fn a_non_json_error_page_is_kept_as_a_json_string_and_becomes_the_error_message() {
-        let p = process(exchange(502, captured("text/html", b"<html>Bad gateway</html>")));
+        let p = process(exchange(502, captured("text/html", b"<html>Bad gateway</html>")), CAP);
         assert_eq!(p.trace.response.as_str(), r#""<html>Bad gateway</html>""#);
         let call = p.call.expect("normalized");
         let error = call.error.expect("an error");
         assert_eq!(error.kind, "http_502");
         assert_eq!(error.message, "<html>Bad gateway</html>");
+    }
+
+    #[test]
+    fn a_response_that_inflates_past_the_cap_is_kept_cut_and_marked_truncated() {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(&vec![b' '; 4 << 20]).unwrap();
+        let body: &'static [u8] = Box::leak(gz.finish().unwrap().into_boxed_slice());
+        let mut response = captured("application/json", body);
+        response.headers.push("content-encoding", "gzip");
+        let p = process(exchange(200, response), 1 << 20);
+        assert_eq!(p.trace.outcome, Outcome::Truncated);
+        assert!(
+            p.errors
+                .iter()
+                .any(|e| matches!(e, ProcessError::DecodedOverCap { cap, .. } if *cap == 1 << 20)),
+            "{:?}",
+            p.errors.iter().map(ToString::to_string).collect::<Vec<_>>()
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! upstream could not be reached at all).
 
 pub mod forward;
+pub mod limits;
 pub mod redact;
 pub mod route;
 pub mod tap;
@@ -17,19 +18,22 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::capture::{CaptureTx, Captured, ExchangeMeta, Outcome, RawExchange, Timings, exchange_id, now_micros};
-use crate::config::Config;
-use crate::telemetry::Metrics;
+use crate::config::{Config, ServerConfig};
+use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
 use forward::{Clients, strip_hop_by_hop, upstream_request_headers, upstream_uri};
+use limits::{ConnActivity, GuardedBody};
 use route::{Router, detect_api};
 use tap::{PendingExchange, RequestSlot, Tap, TapBody};
 
 pub type ProxyBody = Either<TapBody<Incoming>, Full<Bytes>>;
+/// What a connection sends back: the body holds its request's place in the connection's in-flight count.
+pub type ResponseBody = GuardedBody<ProxyBody>;
 
 /// Why llmtap itself answered instead of the upstream. Decides the status code.
 #[derive(Debug, thiserror::Error)]
@@ -75,7 +79,10 @@ pub struct Proxy {
     /// None when capture is disabled: bodies pass through with no tap at all.
     capture: Option<Arc<CaptureTx>>,
     max_body_bytes: usize,
+    server: ServerConfig,
     metrics: Arc<Metrics>,
+    accept_errors: EpisodeLog,
+    limit_log: EpisodeLog,
 }
 
 impl Proxy {
@@ -89,46 +96,129 @@ impl Proxy {
             clients: Clients::build(config.upstreams.values())?,
             capture: capture.map(Arc::new),
             max_body_bytes: config.capture.max_body_bytes,
+            server: config.server.clone(),
             metrics,
+            accept_errors: EpisodeLog::default(),
+            limit_log: EpisodeLog::default(),
         })
     }
 
-    /// Serve connections until `shutdown` fires, then let in-flight exchanges finish for up to `grace`.
-    pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken, grace: Duration) {
+    /// Serve connections until `shutdown` fires, then let in-flight exchanges finish for up to the configured
+    /// grace; connections still open after it are closed (their exchanges are captured as cut short).
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-        let builder = auto::Builder::new(TokioExecutor::new());
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        // hyper applies the header timeout only with a timer. For HTTP/1.1 it also runs while a kept-alive
+        // connection waits for its next request, so it bounds idle HTTP/1.1 connections too.
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.server.header_read_timeout);
+        // HTTP/2: pings find peers that vanished with streams open.
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .keep_alive_timeout(Duration::from_secs(20));
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.server.max_connections));
+        let connections = tokio_util::task::TaskTracker::new();
+        let force_close = CancellationToken::new();
         loop {
+            let slot = match slots.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    self.limit_log.success();
+                    slot
+                }
+                Err(_) => {
+                    self.metrics.connections_at_limit.inc();
+                    match self.limit_log.failure() {
+                        EpisodeReport::First => tracing::warn!(
+                            max_connections = self.server.max_connections,
+                            "Connection limit reached; new connections wait in the listen backlog"
+                        ),
+                        EpisodeReport::Summary { count } => tracing::warn!(
+                            max_connections = self.server.max_connections,
+                            times = count,
+                            "Connection limit still being reached"
+                        ),
+                        EpisodeReport::Quiet => {}
+                    }
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        slot = slots.clone().acquire_owned() => match slot {
+                            Ok(slot) => slot,
+                            Err(_) => break,
+                        },
+                    }
+                }
+            };
             let accepted = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 a = listener.accept() => a,
             };
             let (stream, _) = match accepted {
-                Ok(s) => s,
+                Ok(s) => {
+                    if let Some(missed) = self.accept_errors.success()
+                        && missed > 0
+                    {
+                        tracing::info!(failures = missed + 1, "Accepting connections again");
+                    }
+                    s
+                }
                 Err(error) => {
+                    self.metrics.accept_errors.inc();
+                    match self.accept_errors.failure() {
+                        EpisodeReport::First => tracing::warn!(%error, "Accept failed; retrying"),
+                        EpisodeReport::Summary { count } => {
+                            tracing::warn!(%error, failures = count, "Accept still failing")
+                        }
+                        EpisodeReport::Quiet => {}
+                    }
                     // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(%error, "Accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             };
             let _ = stream.set_nodelay(true);
+            let activity = ConnActivity::new();
             let proxy = self.clone();
-            let service = hyper::service::service_fn(move |req| proxy.clone().handle(req));
+            let service_activity = activity.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let active = service_activity.begin();
+                let proxy = proxy.clone();
+                async move {
+                    let resp = proxy.handle(req).await?;
+                    Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, active)))
+                }
+            });
             let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
             let conn = graceful.watch(conn);
-            tokio::spawn(async move {
-                if let Err(error) = conn.await {
-                    tracing::debug!(%error, "Connection ended with an error");
+            let idle = self.server.idle_timeout;
+            let force = force_close.clone();
+            connections.spawn(async move {
+                let _slot = slot;
+                tokio::select! {
+                    ended = conn => if let Err(error) = ended {
+                        tracing::debug!(%error, "Connection ended with an error");
+                    },
+                    _ = activity.idle_for(idle) => tracing::debug!("Closing an idle connection"),
+                    _ = force.cancelled() => {}
                 }
             });
         }
         drop(listener);
+        let grace = self.server.shutdown_grace;
         if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
             tracing::warn!(
                 grace_secs = grace.as_secs(),
-                "In-flight exchanges did not finish within the grace period"
+                "In-flight exchanges did not finish within the grace period; closing their connections"
             );
         }
+        // Dropping a connection drops its requests' handlers and bodies: their taps finish (captured as cut
+        // short) and release the capture queue.
+        force_close.cancel();
+        connections.close();
+        let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
@@ -158,6 +248,13 @@ impl Proxy {
     async fn forward(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
         let start = now_micros();
         let (mut parts, body) = req.into_parts();
+        if route::has_dot_segment(parts.uri.path()) {
+            self.metrics.requests_unrouted.inc();
+            return Err(ProxyError::BadRequest(format!(
+                "path {:?} has a '.' or '..' segment; llmtap does not forward such paths",
+                parts.uri.path()
+            )));
+        }
         let Some(route) = self.router.route(parts.uri.path()) else {
             self.metrics.requests_unrouted.inc();
             return Err(ProxyError::NoRoute(parts.uri.path().to_owned()));
@@ -177,6 +274,7 @@ impl Proxy {
                 let tap = Tap::request(
                     redact::redact_headers(&parts.headers),
                     self.max_body_bytes,
+                    capture_tx.budget().clone(),
                     slot.clone(),
                 );
                 let exchange = RawExchange {
@@ -195,6 +293,7 @@ impl Proxy {
                     outcome: Outcome::Complete,
                     error: None,
                     meta,
+                    charge: Default::default(),
                 };
                 let pending = PendingExchange {
                     exchange,
@@ -206,26 +305,29 @@ impl Proxy {
         };
 
         parts.uri = uri;
+        // The upstream connection's version is its own (ALPN, or HTTP/1.1 for plain http://): an HTTP/2
+        // client's request goes to an HTTP/1.1-only upstream as HTTP/1.1, and the other way round.
+        parts.version = http::Version::HTTP_11;
         upstream_request_headers(&mut parts.headers);
         let upstream_req = Request::from_parts(parts, body);
 
+        // Until the upstream answers, the exchange is captured even if this future is dropped (the client went
+        // away, or shutdown closed the connection).
+        let mut waiting = AwaitingUpstream(pending);
         let resp = match self.clients.for_upstream(&upstream.name).request(upstream_req).await {
             Ok(resp) => resp,
             Err(error) => {
                 self.metrics.upstream_errors.inc();
                 let error = ProxyError::Upstream(error_chain(&error));
-                if let Some(mut p) = pending {
-                    p.exchange.request = p.request.take();
-                    p.exchange.timings.end = now_micros();
-                    p.exchange.outcome = Outcome::UpstreamError;
-                    p.exchange.error = Some(error.to_string());
-                    p.capture.send_when_idle(p.exchange);
-                }
+                waiting.send(Outcome::UpstreamError, error.to_string());
                 return Err(error);
             }
         };
+        let pending = waiting.0.take();
 
         let (mut parts, body) = resp.into_parts();
+        // The client's connection has its own version; hyper's server writes its own.
+        parts.version = http::Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
         let tap = pending.map(|mut p| {
             p.exchange.status = Some(parts.status.as_u16());
@@ -237,6 +339,35 @@ impl Proxy {
             body.finish_bodiless();
         }
         Ok(Response::from_parts(parts, Either::Left(body)))
+    }
+}
+
+/// An exchange sent to the upstream whose response head has not arrived. Dropped while still holding it (the
+/// handler was dropped: the client left, or shutdown closed its connection), it is captured as `client_gone`
+/// with what the request tap kept, instead of vanishing.
+struct AwaitingUpstream(Option<PendingExchange>);
+
+impl AwaitingUpstream {
+    fn send(&mut self, outcome: Outcome, error: String) {
+        if let Some(mut p) = self.0.take() {
+            if outcome == Outcome::ClientGone {
+                p.capture.metrics().client_gone.inc();
+            }
+            p.exchange.request = p.request.take();
+            p.exchange.timings.end = now_micros();
+            p.exchange.outcome = outcome;
+            p.exchange.error = Some(error);
+            p.capture.send_when_idle(p.exchange);
+        }
+    }
+}
+
+impl Drop for AwaitingUpstream {
+    fn drop(&mut self) {
+        self.send(
+            Outcome::ClientGone,
+            "the client went away (or llmtap shut down) before the upstream answered".to_owned(),
+        );
     }
 }
 

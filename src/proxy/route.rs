@@ -64,6 +64,16 @@ impl Router {
     }
 }
 
+/// A `.` or `..` segment, also percent-encoded (`%2e%2E`). Upstreams (and anything in front of them) would
+/// resolve `/openai/../x` to a path outside the route's prefix, so such paths are refused rather than
+/// normalized: no API client sends them.
+pub fn has_dot_segment(path: &str) -> bool {
+    path.split('/').any(|segment| {
+        let decoded = segment.replace("%2e", ".").replace("%2E", ".");
+        decoded == "." || decoded == ".."
+    })
+}
+
 /// "/abc/def" → ("abc", "/def"); "/abc" → ("abc", "").
 fn split_first_segment(path: &str) -> Option<(&str, &str)> {
     let path = path.strip_prefix('/')?;
@@ -142,6 +152,21 @@ mod tests {
         assert!(r.route("/evil.com/v1/messages").is_none());
         assert!(r.route("/").is_none());
         assert!(r.route("/s/abc").is_none());
+    }
+
+    #[test]
+    fn dot_segments_are_found_plain_and_encoded() {
+        for path in ["/openai/../x", "/openai/v1/./chat", "/a/%2e%2E/b", "/openai/%2E", "/.."] {
+            assert!(has_dot_segment(path), "{path}");
+        }
+        for path in [
+            "/openai/v1/chat/completions",
+            "/gemini/v1beta/models/gemini-2.5.flash:generateContent",
+            "/a/...b",
+            "/a/.hidden",
+        ] {
+            assert!(!has_dot_segment(path), "{path}");
+        }
     }
 
     #[test]

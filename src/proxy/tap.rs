@@ -14,6 +14,7 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
+use crate::capture::budget::Budget;
 use crate::capture::{CaptureTx, Captured, HeaderList, Outcome, RawExchange, now_micros};
 
 /// Where a request body's capture lands when its tap finishes; the response tap reads it once.
@@ -61,6 +62,9 @@ const SHARE_FRAMES_FROM: usize = 16 * 1024;
 
 pub struct Tap {
     captured: Captured,
+    /// Every kept byte is charged here first; when the budget is spent the capture is cut (truncated) and
+    /// forwarding goes on.
+    budget: Budget,
     /// Copies of small frames, in order, not yet moved into `captured.body`.
     small: bytes::BytesMut,
     cap: usize,
@@ -69,20 +73,22 @@ pub struct Tap {
 }
 
 impl Tap {
-    pub fn request(headers: HeaderList, cap: usize, slot: Arc<RequestSlot>) -> Tap {
-        Tap::new(headers, cap, Finish::Request(slot))
+    pub fn request(headers: HeaderList, cap: usize, budget: Budget, slot: Arc<RequestSlot>) -> Tap {
+        Tap::new(headers, cap, budget, Finish::Request(slot))
     }
 
     pub fn response(headers: HeaderList, cap: usize, pending: PendingExchange) -> Tap {
-        Tap::new(headers, cap, Finish::Response(pending))
+        let budget = pending.capture.budget().clone();
+        Tap::new(headers, cap, budget, Finish::Response(pending))
     }
 
-    fn new(headers: HeaderList, cap: usize, finish: Finish) -> Tap {
+    fn new(headers: HeaderList, cap: usize, budget: Budget, finish: Finish) -> Tap {
         Tap {
             captured: Captured {
                 headers,
                 ..Captured::default()
             },
+            budget,
             small: bytes::BytesMut::new(),
             cap,
             first_byte_seen: false,
@@ -112,6 +118,13 @@ impl Tap {
         }
         let kept: usize = (self.captured.len as usize).saturating_sub(data.len());
         let room = self.cap.saturating_sub(kept);
+        let take = data.len().min(room);
+        if take > 0 && !self.budget.reserve(&mut self.captured.charge, take as u64) {
+            // Memory for capture is spent (other exchanges in flight or queued): keep the prefix we have.
+            self.budget.metrics().capture_over_budget();
+            self.captured.truncated = true;
+            return;
+        }
         if data.len() > room {
             // Keep what fits so the prefix is still useful, then stop copying.
             self.keep(&data.slice(..room));

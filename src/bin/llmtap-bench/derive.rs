@@ -49,6 +49,7 @@ pub fn exchange(session: usize, turn: usize, t: i64) -> RawExchange {
             body: [req].into(),
             truncated: false,
             ended: true,
+            ..Default::default()
         },
         response: Some(Captured {
             headers: [("content-type", "application/json")].into_iter().collect(),
@@ -56,6 +57,7 @@ pub fn exchange(session: usize, turn: usize, t: i64) -> RawExchange {
             body: [resp].into(),
             truncated: false,
             ended: true,
+            ..Default::default()
         }),
         timings: Timings {
             start: t,
@@ -65,6 +67,7 @@ pub fn exchange(session: usize, turn: usize, t: i64) -> RawExchange {
         outcome: Outcome::Complete,
         error: None,
         meta: ExchangeMeta::default(),
+        charge: Default::default(),
     }
 }
 
@@ -113,7 +116,10 @@ pub fn split(calls: usize, turns: std::ops::Range<usize>) {
     }
     let parse_view = t0.elapsed().as_secs_f64() / n * 1e6;
     let t0 = Instant::now();
-    let processed: Vec<_> = exchanges.into_iter().map(llmtap::pipeline::process::process).collect();
+    let processed: Vec<_> = exchanges
+        .into_iter()
+        .map(|ex| llmtap::pipeline::process::process(ex, usize::MAX))
+        .collect();
     let process = t0.elapsed().as_secs_f64() / n * 1e6;
     let mut deriver = Deriver::new(DeriveConfig::default());
     let t0 = Instant::now();
@@ -144,7 +150,7 @@ fn measure(label: &str, calls: usize, turns: std::ops::Range<usize>) {
     let start = Instant::now();
     for ex in exchanges {
         let t0 = Instant::now();
-        let _records = deriver.observe(llmtap::pipeline::process::process(ex));
+        let _records = deriver.observe(llmtap::pipeline::process::process(ex, usize::MAX));
         per_call.push(t0.elapsed());
     }
     let elapsed = start.elapsed();
@@ -172,7 +178,15 @@ fn latency_to_store(calls: usize) {
         return;
     };
     let (tx, rx) = CaptureTx::channel(&llmtap::config::CaptureConfig::default(), metrics.clone());
-    let Ok(pipeline) = llmtap::pipeline::spawn(rx, store_tx, DeriveConfig::default(), metrics.clone(), None) else {
+    let Ok(pipeline) = llmtap::pipeline::spawn(
+        rx,
+        store_tx,
+        DeriveConfig::default(),
+        usize::MAX,
+        metrics.clone(),
+        None,
+        Default::default(),
+    ) else {
         return;
     };
     // Back to back (each call sent as soon as the previous one is stored: traffic that flows, so the store groups
