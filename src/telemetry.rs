@@ -57,6 +57,7 @@ struct EpisodeState {
     quiet: u64,
     /// When the episode began or was last summarised; `None` outside an episode.
     since: Option<std::time::Instant>,
+    last_failure: Option<std::time::Instant>,
 }
 
 /// What the caller should log for a failure.
@@ -92,6 +93,7 @@ impl EpisodeLog {
         let Ok(mut s) = self.state.lock() else {
             return EpisodeReport::Quiet;
         };
+        s.last_failure = Some(now);
         match s.since {
             None => {
                 s.since = Some(now);
@@ -109,6 +111,23 @@ impl EpisodeLog {
                 }
             }
         }
+    }
+
+    /// A success that ends the episode only once no failure has been seen for the interval: for failures
+    /// that flap (accept under descriptor exhaustion succeeds and fails in turn), where ending the episode at
+    /// every success would log every flap.
+    pub fn success_if_settled(&self) -> Option<u64> {
+        self.success_if_settled_at(std::time::Instant::now())
+    }
+
+    pub fn success_if_settled_at(&self, now: std::time::Instant) -> Option<u64> {
+        let recent = self
+            .state
+            .lock()
+            .ok()?
+            .last_failure
+            .is_some_and(|t| now.duration_since(t) < self.interval);
+        if recent { None } else { self.success() }
     }
 
     /// The episode (if any) is over. Returns the failures not yet reported, so the caller can log the end.
@@ -348,5 +367,16 @@ mod episode_tests {
         assert_eq!(log.success(), Some(1));
         assert_eq!(log.success(), None, "no episode to end");
         assert_eq!(log.failure_at(t0 + Duration::from_secs(3600)), EpisodeReport::First);
+    }
+
+    #[test]
+    fn a_flapping_failure_is_one_episode_until_it_has_settled() {
+        let log = EpisodeLog::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        assert_eq!(log.failure_at(t0), EpisodeReport::First);
+        assert_eq!(log.success_if_settled_at(t0 + Duration::from_secs(1)), None);
+        assert_eq!(log.failure_at(t0 + Duration::from_secs(2)), EpisodeReport::Quiet);
+        assert_eq!(log.success_if_settled_at(t0 + Duration::from_secs(63)), Some(1));
+        assert_eq!(log.failure_at(t0 + Duration::from_secs(64)), EpisodeReport::First);
     }
 }

@@ -126,7 +126,7 @@ impl Proxy {
         loop {
             let slot = match slots.clone().try_acquire_owned() {
                 Ok(slot) => {
-                    self.limit_log.success();
+                    self.limit_log.success_if_settled();
                     slot
                 }
                 Err(_) => {
@@ -158,7 +158,7 @@ impl Proxy {
             };
             let (stream, _) = match accepted {
                 Ok(s) => {
-                    if let Some(missed) = self.accept_errors.success()
+                    if let Some(missed) = self.accept_errors.success_if_settled()
                         && missed > 0
                     {
                         tracing::info!(failures = missed + 1, "Accepting connections again");

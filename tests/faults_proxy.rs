@@ -1,0 +1,588 @@
+//! Faults on the proxy side, through the real binary: compression bombs, capture memory under concurrent
+//! uploads, slow and idle clients, the connection limit, HTTP/2 clients in front of HTTP/1.1-only upstreams,
+//! dot segments, and shutdown with a hung upstream. The upstream here is scripted (plain HTTP/1.1 only, like a
+//! local vLLM or Ollama), so each test decides exactly what it answers.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use common::Llmtap;
+
+/// What the scripted upstream saw.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    headers: http::HeaderMap,
+    body_len: usize,
+}
+
+type Script = Arc<dyn Fn(&Seen) -> Answer + Send + Sync>;
+
+enum Answer {
+    Json(u16, Bytes, Vec<(&'static str, &'static str)>),
+    /// Read the request, then never answer.
+    Hang,
+}
+
+struct ScriptedUpstream {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ScriptedUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ScriptedUpstream {
+    async fn start(script: Script) -> ScriptedUpstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let script = script.clone();
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let script = script.clone();
+                        let log = log.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                            let seen = Seen {
+                                method: parts.method.to_string(),
+                                path: parts.uri.path().to_owned(),
+                                headers: parts.headers,
+                                body_len: body.len(),
+                            };
+                            log.lock().unwrap().push(seen.clone());
+                            match script(&seen) {
+                                Answer::Json(status, body, headers) => {
+                                    let mut resp = Response::builder()
+                                        .status(status)
+                                        .header("content-type", "application/json");
+                                    for (k, v) in headers {
+                                        resp = resp.header(k, v);
+                                    }
+                                    Ok::<_, Infallible>(resp.body(Full::new(body)).unwrap())
+                                }
+                                Answer::Hang => std::future::pending().await,
+                            }
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        ScriptedUpstream { addr, seen, task }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// llmtap config routing `/local/...` to this upstream (plain http, so HTTP/1.1 only).
+    fn config(&self, extra: &str) -> String {
+        format!(
+            "[upstreams.local]\nurl = \"http://{}/prefix\"\napi = \"openai\"\n[api]\nlisten = \"off\"\n{extra}",
+            self.addr
+        )
+    }
+}
+
+const CHAT_RESPONSE: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+const CHAT_REQUEST: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+
+fn ok_script() -> Script {
+    Arc::new(|_| Answer::Json(200, Bytes::from_static(CHAT_RESPONSE.as_bytes()), vec![]))
+}
+
+/// Peak resident memory of a process, in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        / 1024
+}
+
+/// `n` gzip members of 1 MiB of spaces each: ~1 KiB per member on the wire, `n` MiB once inflated.
+fn gzip_bomb(n: usize) -> Vec<u8> {
+    let mut member = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    member.write_all(&vec![b' '; 1 << 20]).unwrap();
+    let member = member.finish().unwrap();
+    member.repeat(n)
+}
+
+fn trace_for<'a>(traces: &'a [serde_json::Value], path_part: &str) -> &'a serde_json::Value {
+    traces
+        .iter()
+        .find(|t| t["path"].as_str().unwrap_or("").contains(path_part))
+        .unwrap_or_else(|| panic!("no trace for {path_part}: {traces:#?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compression_bombs_in_either_direction_are_forwarded_untouched_and_captured_cut_at_the_cap() {
+    // 300 MiB once inflated, 300 KiB on the wire: the response as an upstream sends it, the request as a client.
+    let bomb = Bytes::from(gzip_bomb(300));
+    let response_bomb = bomb.clone();
+    let upstream = ScriptedUpstream::start(Arc::new(move |seen| {
+        if seen.path.ends_with("/bomb") {
+            Answer::Json(200, response_bomb.clone(), vec![("content-encoding", "gzip")])
+        } else {
+            Answer::Json(200, Bytes::from_static(CHAT_RESPONSE.as_bytes()), vec![])
+        }
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream.config("[capture]\nmax_body_bytes = 4194304\n"), dir.path());
+    let client = common::client();
+
+    let reply = common::send(&client, "POST", &tap.url("/local/v1/bomb"), &[], CHAT_REQUEST.into()).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.body, bomb,
+        "the client gets the upstream's bytes, still compressed"
+    );
+    let reply = common::send(
+        &client,
+        "POST",
+        &tap.url("/local/v1/chat/completions"),
+        &[("content-type", "application/json"), ("content-encoding", "gzip")],
+        bomb.to_vec(),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        upstream.seen()[1].body_len,
+        bomb.len(),
+        "the upstream gets the request as sent"
+    );
+
+    let traces = tap.wait_for_traces(2);
+    for path in ["/bomb", "/chat/completions"] {
+        assert_eq!(trace_for(&traces, path)["outcome"], "truncated", "{path}");
+    }
+    assert!(tap.metric("llmtap_capture_truncated_total") >= 2);
+    let peak = peak_rss_mib(tap.pid());
+    assert!(
+        peak < 200,
+        "llmtap peaked at {peak} MiB decoding two 300 MiB bombs with a 4 MiB cap"
+    );
+}
+
+/// Uploads in flight hold their captured bodies until they finish: those bytes count against
+/// `capture.queue_bytes` as they are kept, and what does not fit is forwarded but not captured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn captured_bytes_in_flight_stay_within_the_capture_budget() {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // An upstream that takes every upload and answers only once all of them are in.
+    let gate = release.clone();
+    let upstream = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let gate = gate.clone();
+            let started = started_tx.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let gate = gate.clone();
+                    let started = started.clone();
+                    async move {
+                        let _ = req.into_body().collect().await;
+                        let _ = started.send(());
+                        gate.notified().await;
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(CHAT_RESPONSE.as_bytes()))))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[upstreams.local]\nurl = \"http://{addr}\"\n[api]\nlisten = \"off\"\n[capture]\nqueue_bytes = 4194304\n"
+    );
+    let tap = Llmtap::start(&config, dir.path());
+    let baseline = peak_rss_mib(tap.pid());
+    const UPLOADS: usize = 12;
+    const SIZE: usize = 16 << 20;
+    let mut sends = Vec::new();
+    for i in 0..UPLOADS {
+        let url = tap.url("/local/v1/chat/completions");
+        sends.push(tokio::spawn(async move {
+            let body = vec![b'a' + i as u8; SIZE];
+            common::send(&common::client(), "POST", &url, &[], body).await.status
+        }));
+    }
+    for _ in 0..UPLOADS {
+        tokio::time::timeout(Duration::from_secs(60), started_rx.recv())
+            .await
+            .expect("every upload reached the upstream");
+    }
+    // Every upload has passed through llmtap and is waiting for its answer: what capture holds is in memory now.
+    let peak = peak_rss_mib(tap.pid());
+    release.notify_waiters();
+    for s in sends {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    upstream.abort();
+    assert!(
+        tap.metric("llmtap_capture_over_budget_total") > 0,
+        "uploads past the 4 MiB budget are cut"
+    );
+    let traces = tap.wait_for_traces(UPLOADS);
+    let truncated = traces.iter().filter(|t| t["outcome"] == "truncated").count();
+    assert!(truncated >= UPLOADS - 1, "{truncated} of {UPLOADS} truncated");
+    assert!(
+        peak < baseline + 96,
+        "{UPLOADS} uploads of 16 MiB held {peak} MiB (baseline {baseline} MiB) with a 4 MiB capture budget"
+    );
+    assert_eq!(tap.metric("llmtap_capture_queue_bytes"), 0, "every charge given back");
+}
+
+/// Read from `stream` until the peer closes it; how long that took (None if still open at `limit`).
+fn time_until_closed(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < limit {
+        match stream.read(&mut buf) {
+            Ok(0) => return Some(started.elapsed()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return Some(started.elapsed()),
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_dribbling_its_headers_is_cut_at_the_header_timeout() {
+    let upstream = ScriptedUpstream::start(ok_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream.config("[server]\nheader_read_timeout_secs = 2\n"), dir.path());
+    let mut stream = TcpStream::connect(tap.addr).unwrap();
+    stream
+        .write_all(b"POST /local/v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .unwrap();
+    // One header byte every 300 ms: always something arriving, never a complete header block.
+    let mut writer = stream.try_clone().unwrap();
+    let dribble = std::thread::spawn(move || {
+        for _ in 0..60 {
+            if writer.write_all(b"x").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let closed = time_until_closed(&mut stream, Duration::from_secs(15));
+    assert!(closed.is_some(), "still open after 15 s of dribbled headers");
+    dribble.join().unwrap();
+    assert!(upstream.seen().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_with_nothing_in_flight_is_closed_at_the_idle_timeout() {
+    let upstream = ScriptedUpstream::start(ok_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream.config("[server]\nidle_timeout_secs = 1\n"), dir.path());
+    let mut stream = TcpStream::connect(tap.addr).unwrap();
+    let request = format!(
+        "POST /local/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+        CHAT_REQUEST.len(),
+        CHAT_REQUEST
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    // The response arrives, the connection stays open for the next request ... until it has been idle 1 s.
+    let closed = time_until_closed(&mut stream, Duration::from_secs(15)).expect("closed when idle");
+    assert!(closed < Duration::from_secs(10), "{closed:?}");
+    assert_eq!(upstream.seen().len(), 1);
+}
+
+/// A hung upstream keeps a request in flight longer than the idle timeout: the connection is not idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_waiting_for_its_answer_is_not_idle() {
+    let upstream = ScriptedUpstream::start(Arc::new(|seen| {
+        if seen.path.ends_with("/slow") {
+            std::thread::sleep(Duration::from_millis(3500));
+        }
+        Answer::Json(200, Bytes::from_static(CHAT_RESPONSE.as_bytes()), vec![])
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream.config("[server]\nidle_timeout_secs = 1\n"), dir.path());
+    let reply = common::send(
+        &common::client(),
+        "POST",
+        &tap.url("/local/v1/slow"),
+        &[],
+        CHAT_REQUEST.into(),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(&reply.body[..], CHAT_RESPONSE.as_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_connection_limit_new_clients_wait_until_a_connection_closes() {
+    let upstream = ScriptedUpstream::start(ok_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream.config("[server]\nmax_connections = 3\n"), dir.path());
+    let held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(tap.addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let url = tap.url("/local/v1/chat/completions");
+    let waiting =
+        tokio::spawn(async move { common::send(&common::client(), "POST", &url, &[], CHAT_REQUEST.into()).await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a fourth connection was served while three were open"
+    );
+    assert!(upstream.seen().is_empty());
+    drop(held);
+    let reply = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("served once a connection closed")
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    assert!(tap.metric("llmtap_connections_at_limit_total") >= 1);
+}
+
+/// Out of file descriptors, accept fails on every try: the failure is logged when it starts and then only
+/// summarised, not once per failed accept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_failures_are_logged_once_per_episode_and_counted() {
+    let upstream = ScriptedUpstream::start(ok_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("llmtap.toml");
+    std::fs::write(&config_path, upstream.config("")).unwrap();
+    let stderr_path = dir.path().join("stderr.log");
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 48 && exec {} serve --listen 127.0.0.1:0 --config {} --data-dir {} 2>{}",
+            common::bin(),
+            config_path.display(),
+            dir.path().join("data").display(),
+            stderr_path.display()
+        ))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let addr: SocketAddr = line.trim().rsplit("http://").next().unwrap().parse().unwrap();
+    // More idle connections than the process has descriptors: accepts start failing with EMFILE.
+    let held: Vec<TcpStream> = (0..80).filter_map(|_| TcpStream::connect(addr).ok()).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let metrics = {
+        drop(held);
+        std::thread::sleep(Duration::from_millis(500));
+        let out = std::process::Command::new(common::bin())
+            .args(["status", "--addr", &addr.to_string()])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(&stderr_path).unwrap();
+    let logged = log.matches("Accept failed").count();
+    let failures: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("llmtap_accept_errors_total"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        failures >= 5,
+        "accept kept failing while descriptors were out: {failures}\n{metrics}"
+    );
+    assert_eq!(logged, 1, "one line for the episode, not one per failure:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_reaches_an_http1_only_upstream() {
+    let upstream = ScriptedUpstream::start(ok_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream.config(""), dir.path());
+    let h2: hyper_util::client::legacy::Client<_, Full<Bytes>> =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let req = Request::post(tap.url("/local/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(CHAT_REQUEST.as_bytes())))
+        .unwrap();
+    let resp = h2.request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], CHAT_RESPONSE.as_bytes());
+    let traces = tap.wait_for_traces(1);
+    assert_eq!(traces[0]["outcome"], "complete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_segments_never_leave_the_route() {
+    let upstream = ScriptedUpstream::start(ok_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream.config(""), dir.path());
+    for path in [
+        "/local/../x",
+        "/local/v1/%2e%2e/%2E%2E/x",
+        "/local/./v1/chat/completions",
+    ] {
+        let mut stream = TcpStream::connect(tap.addr).unwrap();
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 400"), "{path}: {reply}");
+    }
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
+}
+
+/// The upstream sees the client's headers, not llmtap's additions: no `accept-encoding` the client did not
+/// send, no `content-length: 0` on a bodiless GET or HEAD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_gets_no_header_the_client_did_not_send() {
+    let upstream = ScriptedUpstream::start(ok_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream.config(""), dir.path());
+    for method in ["GET", "HEAD"] {
+        let mut stream = TcpStream::connect(tap.addr).unwrap();
+        stream
+            .write_all(
+                format!("{method} /local/v1/models HTTP/1.1\r\nhost: x\r\nx-mine: 1\r\nconnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .unwrap();
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).unwrap();
+    }
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        let mut names: Vec<&str> = s.headers.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["host", "x-mine"], "{} {:?}", s.method, s.headers);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_llmtap_within_the_grace_even_with_a_hung_upstream_and_keeps_the_exchange() {
+    let upstream = ScriptedUpstream::start(Arc::new(|seen| {
+        if seen.path.ends_with("/hang") {
+            Answer::Hang
+        } else {
+            Answer::Json(200, Bytes::from_static(CHAT_RESPONSE.as_bytes()), vec![])
+        }
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = upstream.config("[server]\nshutdown_grace_secs = 1\n");
+    let mut tap = Llmtap::start(&config, dir.path());
+    let client = common::client();
+    assert_eq!(
+        common::send(
+            &client,
+            "POST",
+            &tap.url("/local/v1/chat/completions"),
+            &[],
+            CHAT_REQUEST.into()
+        )
+        .await
+        .status,
+        200
+    );
+    // An HTTP/1.1 client and an HTTP/2 one, each waiting on an upstream that never answers.
+    let url = tap.url("/local/v1/hang");
+    let h1 = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let _ = common::client()
+                .request(
+                    Request::post(url)
+                        .body(Full::new(Bytes::from_static(CHAT_REQUEST.as_bytes())))
+                        .unwrap(),
+                )
+                .await;
+        }
+    });
+    let h2 = tokio::spawn(async move {
+        let client: hyper_util::client::legacy::Client<_, Full<Bytes>> =
+            hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+                .http2_only(true)
+                .build_http();
+        let _ = client
+            .request(
+                Request::post(url)
+                    .body(Full::new(Bytes::from_static(CHAT_REQUEST.as_bytes())))
+                    .unwrap(),
+            )
+            .await;
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstream.seen().len() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(upstream.seen().len(), 3, "both hung requests reached the upstream");
+    let started = Instant::now();
+    let status = tokio::task::spawn_blocking(move || {
+        let status = tap.terminate();
+        (tap, status)
+    });
+    let (_tap, status) = tokio::time::timeout(Duration::from_secs(20), status)
+        .await
+        .expect("llmtap still running 20 s after SIGTERM with a 1 s grace")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(12), "{:?}", started.elapsed());
+    h1.abort();
+    h2.abort();
+
+    let tap = Llmtap::start(&config, dir.path());
+    let traces = tap.wait_for_traces(3);
+    let hung: Vec<_> = traces
+        .iter()
+        .filter(|t| t["path"].as_str().unwrap().ends_with("/hang"))
+        .collect();
+    assert_eq!(hung.len(), 2, "{traces:#?}");
+    for t in hung {
+        assert_eq!(t["outcome"], "client_gone");
+        assert_eq!(t["request"]["model"], "m", "the request as captured");
+    }
+}
