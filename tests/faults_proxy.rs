@@ -388,7 +388,7 @@ async fn accept_failures_are_logged_once_per_episode_and_counted() {
     let config_path = dir.path().join("llmtap.toml");
     std::fs::write(&config_path, upstream.config("")).unwrap();
     let stderr_path = dir.path().join("stderr.log");
-    let mut child = std::process::Command::new("sh")
+    let mut child = common::clean_env(&mut std::process::Command::new("sh"))
         .arg("-c")
         .arg(format!(
             "ulimit -n 48 && exec {} serve --listen 127.0.0.1:0 --config {} --data-dir {} 2>{}",
@@ -410,7 +410,7 @@ async fn accept_failures_are_logged_once_per_episode_and_counted() {
     let metrics = {
         drop(held);
         std::thread::sleep(Duration::from_millis(500));
-        let out = std::process::Command::new(common::bin())
+        let out = common::llmtap_command()
             .args(["status", "--addr", &addr.to_string()])
             .output()
             .unwrap();

@@ -1,5 +1,5 @@
 //! Trajectory formats for every recorded agent session, through the real binary: each validates against its
-//! schema in ../shared/spec/schemas (a Rust JSON-schema validator), round-trips the key facts (steps, tool call
+//! schema in tests/schemas (a Rust JSON-schema validator), round-trips the key facts (steps, tool call
 //! ↔ observation pairs, token totals, sub-agent links), and ATIF passes its own semantic rules.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -11,7 +11,9 @@ use common::*;
 use serde_json::Value;
 
 fn schema(path: &str) -> jsonschema::Validator {
-    let file = fixtures_root().join("../spec/schemas").join(path);
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/schemas")
+        .join(path);
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     jsonschema::validator_for(&s).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
@@ -227,7 +229,9 @@ async fn every_session_exports_valid_opentraces_and_atif() {
 
 /// A validator for one component of an OpenAPI-extracted schema file (`components.schemas.<name>`).
 fn component(path: &str, name: &str) -> jsonschema::Validator {
-    let file = fixtures_root().join("../spec/schemas").join(path);
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/schemas")
+        .join(path);
     let mut s: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     s["$ref"] = Value::String(format!("#/components/schemas/{name}"));
     jsonschema::validator_for(&s).unwrap_or_else(|e| panic!("{path}#{name}: {e}"))

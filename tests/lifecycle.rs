@@ -127,7 +127,7 @@ async fn sigterm_lets_in_flight_streams_finish_and_keeps_their_traces() {
     let status = tap.terminate();
     assert!(status.success());
     // New connections are refused once shutdown started; the finished exchange is in the store.
-    let out = std::process::Command::new(bin())
+    let out = common::llmtap_command()
         .args(["export", "--format", "provider-traces", "--data-dir"])
         .arg(dir.path())
         .output()

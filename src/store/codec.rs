@@ -145,7 +145,7 @@ mod tests {
     #[test]
     fn every_fixture_body_round_trips_through_the_store_codec() {
         let mut n = 0;
-        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures");
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
         for entry in walkdir(&fixtures) {
             let Ok(text) = std::fs::read_to_string(&entry) else {
                 continue;

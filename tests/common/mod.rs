@@ -1,6 +1,7 @@
 //! Test harness: the recorded fixtures, a replaying HTTPS upstream, and the real `llmtap` binary.
 //!
-//! The upstream serves `../shared/fixtures` over TLS (a fresh rcgen CA per run, handed to llmtap as
+//! The upstream serves `tests/fixtures` (a copy of the shared corpus of recorded traffic, provenance in its
+//! `SOURCES.md`) over TLS (a fresh rcgen CA per run, handed to llmtap as
 //! `ca_file`). A request names its recording with the `x-replay-fixture` header (forwarded unchanged by llmtap,
 //! as any client header is); without it, the upstream matches the request body against every recording of
 //! that path. SSE bodies are sent one event per frame, optionally paced.
@@ -57,7 +58,7 @@ pub struct Fixture {
 }
 
 pub fn fixtures_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
 /// (host, path prefix that the upstream URL carries) → llmtap route name.
@@ -485,6 +486,25 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_llmtap")
 }
 
+/// `command` without the developer's `OTEL_*` and `LLMTAP_*` variables: a test's llmtap is configured by the
+/// test alone (an exported `OTEL_EXPORTER_OTLP_ENDPOINT` would add a sink, `LLMTAP_DATA_DIR` move the store).
+pub fn clean_env(command: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.starts_with("OTEL_") || text.starts_with("LLMTAP_") {
+            command.env_remove(&name);
+        }
+    }
+    command
+}
+
+/// The `llmtap` binary as a command with a clean environment (see [`clean_env`]).
+pub fn llmtap_command() -> Command {
+    let mut command = Command::new(bin());
+    clean_env(&mut command);
+    command
+}
+
 /// Config routing every fixture host to the replaying upstream.
 pub fn upstream_config(up: &Upstream, extra: &str) -> String {
     let base = format!("https://127.0.0.1:{}", up.addr.port());
@@ -518,7 +538,7 @@ impl Llmtap {
         std::fs::create_dir_all(data_dir).unwrap();
         let config_path = data_dir.join("llmtap-test.toml");
         std::fs::write(&config_path, config).unwrap();
-        let mut child = Command::new(bin())
+        let mut child = llmtap_command()
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&config_path)
             .arg("--data-dir")
@@ -567,7 +587,7 @@ impl Llmtap {
 
     /// Run a CLI subcommand against this instance's store; returns stdout.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(bin())
+        let out = llmtap_command()
             .args(args)
             .arg("--data-dir")
             .arg(&self.data_dir)
@@ -644,7 +664,7 @@ impl Llmtap {
     }
 
     pub fn metrics(&self) -> String {
-        let out = Command::new(bin())
+        let out = llmtap_command()
             .args(["status", "--addr", &self.addr.to_string()])
             .output()
             .unwrap();

@@ -1,6 +1,6 @@
 //! The store's body codec on recorded traffic: compression ratio and time per body for the codec llmtap uses
 //! (`llmtap::store::codec`, zstd) against zlib level 1 with a reused state (what the store used before).
-//! Bodies: every file of the shared corpus (`LLMTAP_FIXTURES`, default `../shared/fixtures`), one thread.
+//! Bodies: every file of the shared corpus (`LLMTAP_FIXTURES`, default `tests/fixtures`), one thread.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -10,7 +10,7 @@ use flate2::{Compress, Compression, FlushCompress};
 pub fn run(rounds: usize) {
     let root = std::env::var_os("LLMTAP_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"));
     let bodies: Vec<String> = files(&root)
         .iter()
         .filter_map(|p| std::fs::read_to_string(p).ok())
