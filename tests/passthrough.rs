@@ -77,6 +77,13 @@ async fn every_fixture_is_forwarded_unchanged_and_captured() {
         assert_eq!(t["path"].as_str().unwrap(), f.upstream_path, "{}", f.name);
         assert_eq!(t["status"].as_u64(), Some(f.status as u64), "{}", f.name);
         assert_eq!(t["outcome"], "complete", "{}", f.name);
+        if f.status >= 400 {
+            // 429, 529 and the rest: the exchange completed, and it is an error.
+            let error = t["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{}: no error for {}", f.name, f.status));
+            assert!(!error.is_empty(), "{}", f.name);
+        }
         let req: Value = serde_json::from_slice(&f.request).unwrap();
         assert_eq!(t["request"], req, "{}: captured request", f.name);
         match f.kind {

@@ -82,6 +82,16 @@ fn read_body(bytes: &Bytes) -> (Json<'_>, JsonText) {
 
 /// `cap`: the most bytes a body may decode to (`capture.max_body_bytes`); beyond it the decoded copy is cut and
 /// the trace marked truncated, as the data path does for bytes on the wire.
+/// An HTTP error status (429, 529 "overloaded", ...) is an error even though the exchange completed on the wire:
+/// the outcome stays `complete` (how the exchange ended), the trace's `error` says what the provider answered.
+fn status_error(status: Option<u16>, call: Option<&NormalizedCall>) -> Option<String> {
+    let status = status.filter(|s| *s >= 400)?;
+    Some(match call.and_then(|c| c.error.as_ref()) {
+        Some(e) => format!("{}: {}", e.kind, e.message),
+        None => format!("http_{status}"),
+    })
+}
+
 pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
     let mut errors = Vec::new();
     let id = ex.id.to_string();
@@ -155,6 +165,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         .and_then(|c| c.model_response.clone().or_else(|| c.model_requested.clone()))
         .or_else(|| request_view.owned_str("model"));
     drop((request_view, response_view));
+    let error = ex.error.or_else(|| status_error(ex.status, call.as_ref()));
     let trace = ProviderTrace {
         id,
         upstream: ex.upstream.to_string(),
@@ -163,7 +174,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         path: ex.path,
         status: ex.status,
         outcome: ex.outcome,
-        error: ex.error,
+        error,
         streamed,
         timings: ex.timings,
         request_bytes: ex.request.len,
@@ -249,6 +260,16 @@ mod tests {
         let error = call.error.expect("an error");
         assert_eq!(error.kind, "http_502");
         assert_eq!(error.message, "<html>Bad gateway</html>");
+        assert_eq!(
+            p.trace.error.as_deref(),
+            Some("http_502: <html>Bad gateway</html>"),
+            "an error status is the trace's error"
+        );
+        assert_eq!(
+            p.trace.outcome,
+            Outcome::Complete,
+            "while the exchange itself completed"
+        );
     }
 
     #[test]
