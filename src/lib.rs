@@ -11,12 +11,13 @@
 //! - [`store`]: SQLite (WAL) writer thread and readers.
 //! - [`export`]: JSONL exports read from the store.
 //! - [`api`]: llmtap's own gRPC API (live subscription, queries).
-//! - [`config`], [`cli`], [`app`], [`telemetry`]: wiring and self-observability; [`allocator`]: giving freed
+//! - [`config`], [`cli`], [`app`], [`telemetry`], [`background`]: wiring, self-observability, background threads; [`allocator`]: giving freed
 //!   memory back when threads go idle.
 
 pub mod allocator;
 pub mod api;
 pub mod app;
+pub mod background;
 pub mod capture;
 pub mod cli;
 pub mod config;

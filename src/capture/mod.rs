@@ -17,77 +17,8 @@ use bytes::Bytes;
 
 pub use queue::{CaptureRx, CaptureTx};
 
-/// Which API an exchange spoke, decided from the upstream's family and the request path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Api {
-    #[serde(rename = "openai.chat")]
-    OpenAiChat,
-    #[serde(rename = "openai.responses")]
-    OpenAiResponses,
-    #[serde(rename = "anthropic.messages")]
-    AnthropicMessages,
-    #[serde(rename = "gemini.generate_content")]
-    GeminiGenerateContent,
-    /// Anything else on a configured upstream (embeddings, model lists, token counting, ...).
-    #[serde(rename = "other")]
-    Other,
-}
-
-impl Api {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Api::OpenAiChat => "openai.chat",
-            Api::OpenAiResponses => "openai.responses",
-            Api::AnthropicMessages => "anthropic.messages",
-            Api::GeminiGenerateContent => "gemini.generate_content",
-            Api::Other => "other",
-        }
-    }
-
-    pub fn parse(s: &str) -> Api {
-        match s {
-            "openai.chat" => Api::OpenAiChat,
-            "openai.responses" => Api::OpenAiResponses,
-            "anthropic.messages" => Api::AnthropicMessages,
-            "gemini.generate_content" => Api::GeminiGenerateContent,
-            _ => Api::Other,
-        }
-    }
-}
-
-/// How an exchange ended, from the client's point of view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The whole response reached the client and was captured.
-    Complete,
-    /// The client went away before the response ended; the upstream request was cancelled.
-    ClientGone,
-    /// The upstream could not be reached, or failed mid-body.
-    UpstreamError,
-    /// The response was forwarded completely but exceeded the capture cap.
-    Truncated,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Complete => "complete",
-            Outcome::ClientGone => "client_gone",
-            Outcome::UpstreamError => "upstream_error",
-            Outcome::Truncated => "truncated",
-        }
-    }
-
-    pub fn parse(s: &str) -> Outcome {
-        match s {
-            "complete" => Outcome::Complete,
-            "client_gone" => Outcome::ClientGone,
-            "truncated" => Outcome::Truncated,
-            _ => Outcome::UpstreamError,
-        }
-    }
-}
+// The exchange vocabulary is the model's (traces and exports use it too); re-exported for the data path.
+pub use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings, UnixMicros, now_micros};
 
 /// Header (name, value) pairs kept in one string, `name:value\n` each: the data path makes one allocation per
 /// message instead of two per header (a `String` pair per header was a third of capture's cost on the data
@@ -207,17 +138,6 @@ impl Captured {
     }
 }
 
-/// Wall-clock microseconds since the Unix epoch.
-pub type UnixMicros = i64;
-
-pub fn now_micros() -> UnixMicros {
-    // Straight from the clock: chrono's `Utc::now` also builds a calendar date, a few hundred instructions
-    // per call on the data path (three calls per exchange).
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as UnixMicros)
-}
-
 /// An exchange's id: a UUIDv7 (RFC 9562) carrying the exchange's start time, with random bits after the
 /// millisecond. Made from the timestamp the data path already took: `Uuid::now_v7` reads the clock again and
 /// locks a process-wide counter (two proxy workers took turns on that lock). Ids still sort by millisecond;
@@ -226,30 +146,6 @@ pub fn exchange_id(start: UnixMicros) -> uuid::Uuid {
     let micros = start.max(0) as u64;
     let ts = uuid::Timestamp::from_unix_time(micros / 1_000_000, (micros % 1_000_000) as u32 * 1_000, 0, 0);
     uuid::Uuid::new_v7(ts)
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Timings {
-    /// Request head received from the client.
-    pub start: UnixMicros,
-    /// First response body byte from the upstream (None if none arrived).
-    pub first_byte: Option<UnixMicros>,
-    /// Response finished (or failed, or the client left).
-    pub end: UnixMicros,
-}
-
-/// Session metadata the agent passed with `x-llmtap-*` headers or the `/s/<id>/` path form.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ExchangeMeta {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub agent: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<String>,
-    /// W3C trace context the agent sent, kept so exports can join the agent's own trace.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub traceparent: Option<String>,
 }
 
 /// Everything the data path knows about one exchange.

@@ -1,6 +1,8 @@
 //! The canonical model shared by adapters, derivation, the store and the exporters.
 
 pub mod call;
+pub mod exchange;
+pub mod format;
 pub mod json;
 pub mod step;
 pub mod trace;

@@ -3,7 +3,7 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::capture::{Api, ExchangeMeta, Outcome, Timings, UnixMicros};
+use super::exchange::{Api, ExchangeMeta, Outcome, Timings, UnixMicros};
 use crate::model::json::JsonText;
 use crate::model::usage::Usage;
 

@@ -7,6 +7,9 @@
 
 pub mod process;
 
+// Kept here too for callers that already name it; the function lives with the rest of the thread plumbing.
+pub use crate::background::run_in_background;
+
 use std::sync::Arc;
 use std::sync::mpsc::RecvTimeoutError;
 use std::thread::JoinHandle;
@@ -96,25 +99,4 @@ fn emit(store: &StoreTx, metrics: &Metrics, live: Option<&crate::api::LiveTx>, r
         }
     }
     store.send(records);
-}
-
-/// Capture work must never take CPU from the data path: on a busy machine the pipeline and store threads yield
-/// (nice 19), fall behind, and the bounded capture queue drops and counts instead of slowing traffic.
-pub fn run_in_background() {
-    // Linux: SCHED_IDLE, so a data-path thread that wakes up preempts capture work at once instead of waiting
-    // for the scheduler's next decision (nice 19 only shrinks the share). The work still gets every idle
-    // cycle; under sustained saturation the bounded capture queue drops and counts instead of slowing traffic.
-    #[cfg(target_os = "linux")]
-    {
-        use thread_priority::unix::{
-            NormalThreadSchedulePolicy, ThreadSchedulePolicy, set_thread_priority_and_policy, thread_native_id,
-        };
-        let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
-        if set_thread_priority_and_policy(thread_native_id(), thread_priority::ThreadPriority::Min, idle).is_ok() {
-            return;
-        }
-    }
-    if let Err(error) = thread_priority::set_current_thread_priority(thread_priority::ThreadPriority::Min) {
-        tracing::debug!(?error, "Could not lower the priority of a background thread");
-    }
 }
