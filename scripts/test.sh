@@ -8,6 +8,14 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/sdk/requirements.txt
+# tests/scale_out.rs runs llmtap replicas behind real nginx, exporting through a real OpenTelemetry collector
+# (rotel). Installed only when missing; CI runs this as root on Debian.
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+  apt-get update -qq && apt-get install -y -qq nginx-light
+fi
+if ! ls .venv/lib/python3*/site-packages/rotel/rotel-agent >/dev/null 2>&1; then
+  .venv/bin/pip install --quiet --disable-pip-version-check --pre rotel==0.0.1a15
+fi
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
