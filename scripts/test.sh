@@ -11,7 +11,10 @@ fi
 # tests/scale_out.rs runs llmtap replicas behind real nginx, exporting through a real OpenTelemetry collector
 # (rotel). Installed only when missing; CI runs this as root on Debian.
 if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
-  apt-get update -qq && apt-get install -y -qq nginx-light
+  as_root=""
+  if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then as_root="sudo"; fi
+  $as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light
 fi
 if ! ls .venv/lib/python3*/site-packages/rotel/rotel-agent >/dev/null 2>&1; then
   .venv/bin/pip install --quiet --disable-pip-version-check --pre rotel==0.0.1a15
