@@ -6,6 +6,7 @@
 //! `CaptureTx` dropped, i.e. after the proxy drained), flushing the deriver's open trajectories first.
 
 pub mod process;
+pub mod secrets;
 
 use std::sync::Arc;
 use std::sync::mpsc::RecvTimeoutError;

@@ -141,6 +141,11 @@ pub fn process(ex: RawExchange) -> Processed {
         .and_then(|c| c.model_response.clone().or_else(|| c.model_requested.clone()))
         .or_else(|| request_view.owned_str("model"));
     drop((request_view, response_view));
+    // The adapter read the request as sent; what is kept has credentials the client put in the body removed.
+    let request = match super::secrets::redact_json(request.as_str()) {
+        Some(redacted) => JsonText::from_redacted(redacted),
+        None => request,
+    };
     let trace = ProviderTrace {
         id,
         upstream: ex.upstream.to_string(),

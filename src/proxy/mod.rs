@@ -76,6 +76,8 @@ pub struct Proxy {
     capture: Option<Arc<CaptureTx>>,
     max_body_bytes: usize,
     metrics: Arc<Metrics>,
+    /// What the captured copy hides (built-in rule plus `capture.redact_headers`).
+    redactor: redact::Redactor,
 }
 
 impl Proxy {
@@ -90,6 +92,7 @@ impl Proxy {
             capture: capture.map(Arc::new),
             max_body_bytes: config.capture.max_body_bytes,
             metrics,
+            redactor: redact::Redactor::new(&config.capture.redact_headers),
         })
     }
 
@@ -175,7 +178,7 @@ impl Proxy {
                 let meta = exchange_meta(&parts.headers, route.session, route.agent);
                 let slot = Arc::new(RequestSlot::default());
                 let tap = Tap::request(
-                    redact::redact_headers(&parts.headers),
+                    self.redactor.redact_headers(&parts.headers),
                     self.max_body_bytes,
                     slot.clone(),
                 );
@@ -184,7 +187,7 @@ impl Proxy {
                     upstream: upstream.name.clone(),
                     api: detect_api(upstream.api, route.rest),
                     method: parts.method.clone(),
-                    path: redact::redact_path_and_query(uri.path(), uri.query()),
+                    path: self.redactor.redact_path_and_query(uri.path(), uri.query()),
                     status: None,
                     request: Captured::default(),
                     response: None,
@@ -229,7 +232,7 @@ impl Proxy {
         strip_hop_by_hop(&mut parts.headers);
         let tap = pending.map(|mut p| {
             p.exchange.status = Some(parts.status.as_u16());
-            Tap::response(redact::redact_headers(&parts.headers), self.max_body_bytes, p)
+            Tap::response(self.redactor.redact_headers(&parts.headers), self.max_body_bytes, p)
         });
         let mut body = TapBody::new(body, tap);
         let s = parts.status;
