@@ -32,7 +32,7 @@ pub enum AppError {
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::default());
-    let conn = crate::store::open(&config.data_dir)?;
+    let conn = crate::store::open_for_writing(&config.data_dir)?;
     let (store_tx, store_thread) =
         StoreWriter::spawn(conn, config.store.clone(), metrics.clone()).map_err(AppError::Thread)?;
 

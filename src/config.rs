@@ -124,6 +124,7 @@ pub struct RawCapture {
     pub max_body_bytes: Option<usize>,
     pub queue_capacity: Option<usize>,
     pub queue_bytes: Option<u64>,
+    pub redact_headers: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -229,6 +230,9 @@ pub struct CaptureConfig {
     pub queue_capacity: usize,
     /// Captured bytes (bodies and headers) waiting to be processed; same policy as `queue_capacity`.
     pub queue_bytes: u64,
+    /// Name fragments redacted in the captured copy besides the built-in rule (see `proxy::redact`): headers
+    /// and query parameters, any case and separator style.
+    pub redact_headers: Vec<String>,
 }
 
 impl Default for CaptureConfig {
@@ -238,6 +242,7 @@ impl Default for CaptureConfig {
             max_body_bytes: 32 * 1024 * 1024,
             queue_capacity: 4096,
             queue_bytes: 256 * 1024 * 1024,
+            redact_headers: Vec::new(),
         }
     }
 }
@@ -345,9 +350,21 @@ impl RawConfig {
             max_body_bytes: self.capture.max_body_bytes.unwrap_or(cd.max_body_bytes),
             queue_capacity: self.capture.queue_capacity.unwrap_or(cd.queue_capacity),
             queue_bytes: self.capture.queue_bytes.unwrap_or(cd.queue_bytes),
+            redact_headers: self.capture.redact_headers.unwrap_or(cd.redact_headers),
         };
         if capture.queue_capacity == 0 {
             return Err(invalid("capture.queue_capacity", "must be at least 1"));
+        }
+        // Names are compared by their letters and digits only: an entry without any would match nothing.
+        if let Some(bad) = capture
+            .redact_headers
+            .iter()
+            .find(|n| !n.bytes().any(|b| b.is_ascii_alphanumeric()))
+        {
+            return Err(invalid(
+                "capture.redact_headers",
+                format!("{bad:?} has no letter or digit, so it would redact nothing"),
+            ));
         }
         let sd = StoreConfig::default();
         let store = StoreConfig {

@@ -167,7 +167,8 @@ pub struct Metrics {
     logged_over_budget: Once,
     logged_drop: Once,
     logged_process_error: Once,
-    logged_store_error: Once,
+    /// Store write failures come in episodes (a full disk): see [`Metrics::store_error`].
+    store_episode: EpisodeLog,
 }
 
 impl Metrics {
@@ -197,10 +198,31 @@ impl Metrics {
         }
     }
 
+    /// A failed store write: the first of an episode is logged in full, then a summary at most once a minute
+    /// while it lasts. The episode ends at the next successful commit ([`Metrics::store_ok`]), so a disk that
+    /// fills again an hour later is logged again.
     pub fn store_error(&self, error: &dyn std::fmt::Display) {
         self.store_errors.inc();
-        if self.logged_store_error.first() {
-            tracing::error!(%error, "Store write failed; further errors are only counted");
+        match self.store_episode.failure() {
+            EpisodeReport::First => tracing::error!(
+                %error,
+                "Store write failed; captured records are lost until writes succeed again (counted in \
+                 llmtap_store_errors_total, summarised once a minute)"
+            ),
+            EpisodeReport::Summary { count } => {
+                tracing::error!(%error, failed = count, "Store writes still failing ({count} more since the last report)")
+            }
+            EpisodeReport::Quiet => {}
+        }
+    }
+
+    /// A store commit succeeded: ends a failure episode, if one was under way.
+    pub fn store_ok(&self) {
+        if let Some(unreported) = self.store_episode.success() {
+            tracing::warn!(
+                unreported,
+                "Store writes succeed again ({unreported} failures since the last report)"
+            );
         }
     }
 

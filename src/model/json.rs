@@ -335,6 +335,12 @@ impl JsonText {
         JsonText(Bytes::from(serde_json::Value::from(text).to_string()))
     }
 
+    /// Text made from a `JsonText` by replacing string values with other strings (see `pipeline::secrets`):
+    /// still valid JSON on one line.
+    pub fn from_redacted(text: String) -> JsonText {
+        JsonText(Bytes::from(text))
+    }
+
     /// Text read back from the store (written by `as_str`, so already compact JSON); None → null.
     pub fn from_stored(text: Option<String>) -> JsonText {
         text.map_or_else(JsonText::default, |t| JsonText(Bytes::from(t)))

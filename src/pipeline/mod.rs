@@ -6,6 +6,7 @@
 //! `CaptureTx` dropped, i.e. after the proxy drained), flushing the deriver's open trajectories first.
 
 pub mod process;
+pub mod secrets;
 
 // Kept here too for callers that already name it; the function lives with the rest of the thread plumbing.
 pub use crate::background::run_in_background;

@@ -166,6 +166,11 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         .or_else(|| request_view.owned_str("model"));
     drop((request_view, response_view));
     let error = ex.error.or_else(|| status_error(ex.status, call.as_ref()));
+    // The adapter read the request as sent; what is kept has credentials the client put in the body removed.
+    let request = match super::secrets::redact_json(request.as_str()) {
+        Some(redacted) => JsonText::from_redacted(redacted),
+        None => request,
+    };
     let trace = ProviderTrace {
         id,
         upstream: ex.upstream.to_string(),

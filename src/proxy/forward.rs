@@ -131,10 +131,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     strip(headers, |_| false);
 }
 
-/// Request headers as the upstream should see them: hop-by-hop, `host` (the client sets it from the URI) and
-/// llmtap's own `x-llmtap-*` headers removed. Everything else, credentials included, passes unchanged.
+/// Request headers as the upstream should see them: hop-by-hop, `host` (the client sets it from the URI),
+/// `proxy-authorization` (credentials for a proxy on the way, here llmtap: the provider has no use for them and
+/// must not receive them) and llmtap's own `x-llmtap-*` headers removed. Everything else, the provider's
+/// credentials included, passes unchanged.
 pub fn upstream_request_headers(headers: &mut HeaderMap) {
-    strip(headers, |name| name == "host" || name.starts_with("x-llmtap-"));
+    strip(headers, |name| {
+        name == "host" || name == "proxy-authorization" || name.starts_with("x-llmtap-")
+    });
 }
 
 /// Remove hop-by-hop headers, those `Connection` names, and those `also` picks. One pass over the names finds
@@ -198,6 +202,7 @@ mod tests {
             ("host", "127.0.0.1"),
             ("x-llmtap-session", "s"),
             ("authorization", "Bearer k"),
+            ("proxy-authorization", "Basic cHJveHk6c2VjcmV0"),
             ("keep-alive", "timeout=5"),
             ("transfer-encoding", "chunked"),
             ("x-llmtap-agent", "a"),

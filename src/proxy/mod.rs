@@ -83,6 +83,8 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     accept_errors: EpisodeLog,
     limit_log: EpisodeLog,
+    /// What the captured copy hides (built-in rule plus `capture.redact_headers`).
+    redactor: redact::Redactor,
 }
 
 impl Proxy {
@@ -100,6 +102,7 @@ impl Proxy {
             metrics,
             accept_errors: EpisodeLog::default(),
             limit_log: EpisodeLog::default(),
+            redactor: redact::Redactor::new(&config.capture.redact_headers),
         })
     }
 
@@ -272,7 +275,7 @@ impl Proxy {
                 let meta = exchange_meta(&parts.headers, route.session, route.agent);
                 let slot = Arc::new(RequestSlot::default());
                 let tap = Tap::request(
-                    redact::redact_headers(&parts.headers),
+                    self.redactor.redact_headers(&parts.headers),
                     self.max_body_bytes,
                     capture_tx.budget().clone(),
                     slot.clone(),
@@ -282,7 +285,7 @@ impl Proxy {
                     upstream: upstream.name.clone(),
                     api: detect_api(upstream.api, route.rest),
                     method: parts.method.clone(),
-                    path: redact::redact_path_and_query(uri.path(), uri.query()),
+                    path: self.redactor.redact_path_and_query(uri.path(), uri.query()),
                     status: None,
                     request: Captured::default(),
                     response: None,
@@ -331,7 +334,7 @@ impl Proxy {
         strip_hop_by_hop(&mut parts.headers);
         let tap = pending.map(|mut p| {
             p.exchange.status = Some(parts.status.as_u16());
-            Tap::response(redact::redact_headers(&parts.headers), self.max_body_bytes, p)
+            Tap::response(self.redactor.redact_headers(&parts.headers), self.max_body_bytes, p)
         });
         let mut body = TapBody::new(body, tap);
         let s = parts.status;

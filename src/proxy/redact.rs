@@ -1,90 +1,198 @@
 //! Secrets never leave the data path: header values and query parameters that carry credentials are replaced
 //! before anything is captured. Forwarding is unaffected (the upstream needs the key); only the copy is redacted.
+//!
+//! One rule decides what a name (header, query parameter, JSON member) means: it is secret when, compared in
+//! lowercase with everything but letters and digits skipped, it contains one of [`SECRET_FRAGMENTS`] or an entry
+//! of `capture.redact_headers`. Skipping separators makes `x_api_key`, `x-api-key`, `X-Api-Key` and `xapikey`
+//! one name, so a gateway's own spelling (`ocp-apim-subscription-key`, `x-functions-key`) needs no list entry.
+//! The rule over-redacts on purpose (`monkey` contains `key`): a redacted harmless value costs a little
+//! debugging, a stored key costs a rotation. The exceptions are names that are never credentials and that
+//! users read: rate-limit counters (`x-ratelimit-remaining-tokens`, `anthropic-ratelimit-tokens-limit`).
 
 use http::{HeaderMap, HeaderName};
+use percent_encoding::percent_decode_str;
+use smallvec::SmallVec;
 
 use crate::capture::HeaderList;
 
 pub const REDACTED: &str = "REDACTED";
 
-/// Headers that always carry credentials.
-const SECRET_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "x-api-key",
-    "x-goog-api-key",
-    "api-key",
-    "cookie",
-    "set-cookie",
+/// Name fragments that mark a name as secret, in the normalized form (lowercase letters and digits only).
+const SECRET_FRAGMENTS: &[&[u8]] = &[
+    b"key",
+    b"token",
+    b"secret",
+    b"auth",
+    b"session",
+    b"password",
+    b"passwd",
+    b"signature",
+    b"credential",
+    b"cookie",
 ];
 
-/// Name fragments that mark a header as secret even when we have never seen it (e.g. `x-portkey-api-key`).
-const SECRET_FRAGMENTS: &[&str] = &["api-key", "apikey", "token", "secret", "password", "auth"];
+/// Short query names that are credentials but too short to be fragments (`sig` would match `design`): Azure
+/// SAS signatures, passwords.
+const SECRET_QUERY_NAMES: &[&[u8]] = &[b"sig", b"pwd", b"pass"];
 
-/// Query parameters that carry credentials (`?key=` is Gemini's).
-const SECRET_QUERY_PARAMS: &[&str] = &["key", "api_key", "apikey", "access_token", "token", "sig", "signature"];
+/// Names the rule would catch that only ever carry counters: kept, so rate limits stay visible in traces.
+const ALLOWED_FRAGMENTS: &[&[u8]] = &[b"ratelimit"];
 
-/// Runs for every header of every captured exchange, so it takes a `HeaderName` (always lowercase: nothing to
-/// allocate) and tests fragments only where their first letter occurs: a `str::contains` per fragment set up a
-/// substring searcher each time and was ~70% of capture's cost on the data path.
-pub fn is_secret_header(name: &HeaderName) -> bool {
-    let name = name.as_str();
-    let bytes = name.as_bytes();
-    SECRET_HEADERS.contains(&name)
-        || (0..bytes.len()).any(|i| {
-            let rest = &bytes[i..];
-            SECRET_FRAGMENTS
-                .iter()
-                .any(|f| f.as_bytes()[0] == rest[0] && rest.starts_with(f.as_bytes()))
-        })
+/// JSON members whose names match the rule but that hold provider-issued state, not credentials: the signed
+/// reasoning blocks Anthropic (`signature`) and Gemini (`thoughtSignature`) require back verbatim. Redacting them
+/// would make a stored request unreplayable.
+const ALLOWED_JSON_MEMBERS: &[&[u8]] = &[b"signature", b"thoughtsignature"];
+
+/// Key formats worth finding in a URL path segment (some gateways take the key in the path): OpenAI and
+/// Anthropic (`sk-`, `sk-proj-`, `sk-ant-`), Google (`AIza`), Groq (`gsk_`), xAI (`xai-`). Prefix, minimum length.
+const KEY_FORMATS: &[(&str, usize)] = &[("sk-", 20), ("AIza", 30), ("gsk_", 30), ("xai-", 30)];
+
+/// `name`'s letters and digits, lowercased: the form names are compared in.
+fn normalized(name: &[u8]) -> impl Iterator<Item = u8> + '_ {
+    name.iter()
+        .filter(|b| b.is_ascii_alphanumeric())
+        .map(|b| b.to_ascii_lowercase())
 }
 
-/// Headers as (name, value) pairs with secret values replaced. Our own `x-llmtap-*` headers are omitted
-/// (they become trace metadata instead).
-pub fn redact_headers(headers: &HeaderMap) -> HeaderList {
-    let bytes = headers.iter().map(|(k, v)| k.as_str().len() + v.len()).sum();
-    let mut out = HeaderList::with_capacity(headers.len(), bytes);
-    for (header, value) in headers {
-        let name = header.as_str();
-        if name.starts_with("x-llmtap-") {
-            continue;
-        }
-        // `push_wire`: a `HeaderMap`'s names and values never hold a newline (nor its names a colon).
-        if is_secret_header(header) {
-            out.push_wire(name, REDACTED);
-        } else {
-            // Almost every value is visible ASCII: no copy of its own; the lossy decode only for the rest.
-            match value.to_str() {
-                Ok(v) => out.push_wire(name, v),
-                Err(_) => out.push_wire(name, &String::from_utf8_lossy(value.as_bytes())),
-            }
+/// Whether `name` contains `fragment` (normalized) with separators skipped. Runs for every header of every
+/// captured exchange: no allocation, and a fragment is only tried where its first letter occurs (a
+/// `str::contains` per fragment set up a substring searcher each time and was ~70% of capture's cost).
+fn contains_fragment(name: &[u8], fragment: &[u8]) -> bool {
+    let Some(&first) = fragment.first() else {
+        return false;
+    };
+    (0..name.len()).any(|i| {
+        name[i].to_ascii_lowercase() == first
+            && normalized(&name[i..]).take(fragment.len()).eq(fragment.iter().copied())
+    })
+}
+
+fn is_normalized(name: &[u8], want: &[u8]) -> bool {
+    normalized(name).eq(want.iter().copied())
+}
+
+/// The redaction rule with the configured extra names. Built once at startup; shared by every request.
+#[derive(Debug, Clone, Default)]
+pub struct Redactor {
+    /// `capture.redact_headers`, normalized. They win over the allow-list.
+    extra: Vec<Box<[u8]>>,
+}
+
+impl Redactor {
+    /// `extra`: further name fragments (`capture.redact_headers`); entries with no letter or digit are ignored
+    /// (config validation refuses them).
+    pub fn new(extra: &[String]) -> Redactor {
+        Redactor {
+            extra: extra
+                .iter()
+                .map(|e| normalized(e.as_bytes()).collect::<Box<[u8]>>())
+                .filter(|e| !e.is_empty())
+                .collect(),
         }
     }
-    out
+
+    /// Whether a header or query parameter named `name` carries a secret.
+    pub fn is_secret_name(&self, name: &[u8]) -> bool {
+        if self.extra.iter().any(|e| contains_fragment(name, e)) {
+            return true;
+        }
+        is_secret_by_rule(name)
+    }
+
+    pub fn is_secret_header(&self, name: &HeaderName) -> bool {
+        self.is_secret_name(name.as_str().as_bytes())
+    }
+
+    /// Headers as (name, value) pairs with secret values replaced. Our own `x-llmtap-*` headers are omitted
+    /// (they become trace metadata instead).
+    pub fn redact_headers(&self, headers: &HeaderMap) -> HeaderList {
+        let bytes = headers.iter().map(|(k, v)| k.as_str().len() + v.len()).sum();
+        let mut out = HeaderList::with_capacity(headers.len(), bytes);
+        for (header, value) in headers {
+            let name = header.as_str();
+            if name.starts_with("x-llmtap-") {
+                continue;
+            }
+            // `push_wire`: a `HeaderMap`'s names and values never hold a newline (nor its names a colon).
+            if self.is_secret_header(header) {
+                out.push_wire(name, REDACTED);
+            } else {
+                // Almost every value is visible ASCII: no copy of its own; the lossy decode only for the rest.
+                match value.to_str() {
+                    Ok(v) => out.push_wire(name, v),
+                    Err(_) => out.push_wire(name, &String::from_utf8_lossy(value.as_bytes())),
+                }
+            }
+        }
+        out
+    }
+
+    /// `path?query` with secret query values and path segments that look like keys replaced. Query names are
+    /// judged percent-decoded (`%6Bey` is `key`).
+    pub fn redact_path_and_query(&self, path: &str, query: Option<&str>) -> String {
+        let mut out = String::with_capacity(path.len() + query.map_or(0, |q| q.len() + 1));
+        for (i, segment) in path.split('/').enumerate() {
+            if i > 0 {
+                out.push('/');
+            }
+            out.push_str(if looks_like_key(segment) { REDACTED } else { segment });
+        }
+        let Some(query) = query else {
+            return out;
+        };
+        out.push('?');
+        for (i, pair) in query.split('&').enumerate() {
+            if i > 0 {
+                out.push('&');
+            }
+            let (k, _) = pair.split_once('=').unwrap_or((pair, ""));
+            if self.is_secret_query_name(k) {
+                out.push_str(k);
+                out.push('=');
+                out.push_str(REDACTED);
+            } else {
+                out.push_str(pair);
+            }
+        }
+        out
+    }
+
+    fn is_secret_query_name(&self, raw: &str) -> bool {
+        // Names are short: decoded on the stack.
+        let decoded: SmallVec<[u8; 64]> = percent_decode_str(raw).collect();
+        self.is_secret_name(&decoded) || SECRET_QUERY_NAMES.iter().any(|n| is_normalized(&decoded, n))
+    }
 }
 
-/// `path?query` with the values of secret query parameters replaced.
-pub fn redact_path_and_query(path: &str, query: Option<&str>) -> String {
-    let Some(query) = query else {
-        return path.to_owned();
-    };
-    let redacted: Vec<String> = query
-        .split('&')
-        .map(|pair| {
-            let (k, _) = pair.split_once('=').unwrap_or((pair, ""));
-            if SECRET_QUERY_PARAMS.iter().any(|s| k.eq_ignore_ascii_case(s)) {
-                format!("{k}={REDACTED}")
-            } else {
-                pair.to_owned()
-            }
-        })
-        .collect();
-    format!("{path}?{}", redacted.join("&"))
+fn is_secret_by_rule(name: &[u8]) -> bool {
+    SECRET_FRAGMENTS.iter().any(|f| contains_fragment(name, f))
+        && !ALLOWED_FRAGMENTS.iter().any(|f| contains_fragment(name, f))
+}
+
+/// Whether a JSON object member named `name` (as written, unescaped) holds a credential: the built-in rule,
+/// less the provider state in [`ALLOWED_JSON_MEMBERS`].
+pub fn is_secret_json_member(name: &[u8]) -> bool {
+    is_secret_by_rule(name) && !ALLOWED_JSON_MEMBERS.iter().any(|m| is_normalized(name, m))
+}
+
+/// A path segment in one of [`KEY_FORMATS`]: the prefix, then at least the minimum length of key characters.
+fn looks_like_key(segment: &str) -> bool {
+    KEY_FORMATS.iter().any(|(prefix, min)| {
+        segment.len() >= *min
+            && segment.starts_with(prefix)
+            && segment
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rule() -> Redactor {
+        Redactor::default()
+    }
 
     #[test]
     fn secret_headers_are_redacted_and_llmtap_headers_dropped() {
@@ -97,7 +205,7 @@ mod tests {
         h.insert("x-llmtap-session", "s1".parse().unwrap());
         h.insert("x-utf8", http::HeaderValue::from_bytes("café".as_bytes()).unwrap());
         h.insert("x-latin1", http::HeaderValue::from_bytes(b"caf\xe9").unwrap());
-        let out = redact_headers(&h);
+        let out = rule().redact_headers(&h);
         assert_eq!(out.get("x-utf8"), Some("café"));
         assert_eq!(out.get("x-latin1"), Some("caf\u{fffd}"));
         assert!(out.iter().all(|(_, v)| !v.contains("sk-") && v != "AIza" && v != "t"));
@@ -108,16 +216,24 @@ mod tests {
     }
 
     #[test]
-    fn secret_names_are_found_anywhere_and_in_any_case() {
+    fn secret_names_are_found_anywhere_in_any_case_and_separator_style() {
         for name in [
             "authorization",
             "Proxy-Authorization",
             "x-portkey-api-key",
             "X-Goog-Api-Key",
             "x-apikey",
+            "x_api_key",
+            "xapikey",
+            "ocp-apim-subscription-key",
+            "x-functions-key",
+            "x-access-key",
+            "x-upstream-session-key",
             "x-session-token",
             "x-client-secret",
             "db-password",
+            "x-amz-signature",
+            "x-credentials",
             "cookie",
             "set-cookie",
             "x-custom-auth",
@@ -126,7 +242,7 @@ mod tests {
         ] {
             // Names arrive as `HeaderName`s, which lowercase whatever the client sent.
             let header = HeaderName::from_bytes(name.as_bytes()).unwrap();
-            assert!(is_secret_header(&header), "{name} should be secret");
+            assert!(rule().is_secret_header(&header), "{name} should be secret");
         }
         for name in [
             "content-type",
@@ -136,23 +252,85 @@ mod tests {
             "x-stainless-os",
             "x-stainless-retry-count",
             "accept-encoding",
+            "keep-alive",
+            "x-ratelimit-remaining-tokens",
+            "anthropic-ratelimit-tokens-limit",
+            "anthropic-ratelimit-input-tokens-reset",
             "a",
             "t",
         ] {
             let header = HeaderName::from_bytes(name.as_bytes()).unwrap();
-            assert!(!is_secret_header(&header), "{name} should not be secret");
+            assert!(!rule().is_secret_header(&header), "{name} should not be secret");
         }
     }
 
     #[test]
-    fn key_query_param_is_redacted() {
+    fn configured_names_are_redacted_too_and_win_over_the_allow_list() {
+        let r = Redactor::new(&["X-Tenant".into(), "ratelimit".into(), "--".into()]);
+        assert!(r.is_secret_name(b"x_tenant_id"));
+        assert!(r.is_secret_name(b"x-ratelimit-remaining-tokens"));
+        assert!(
+            !r.is_secret_name(b"content-type"),
+            "an entry without letters matches nothing"
+        );
+    }
+
+    #[test]
+    fn query_names_are_judged_decoded_and_by_the_same_rule() {
         assert_eq!(
-            redact_path_and_query("/v1beta/models/g:streamGenerateContent", Some("alt=sse&key=AIzaSECRET")),
+            rule().redact_path_and_query("/v1beta/models/g:streamGenerateContent", Some("alt=sse&key=AIzaSECRET")),
             "/v1beta/models/g:streamGenerateContent?alt=sse&key=REDACTED"
         );
         assert_eq!(
-            redact_path_and_query("/v1/messages", Some("beta=true")),
+            rule().redact_path_and_query("/v1/messages", Some("beta=true")),
             "/v1/messages?beta=true"
         );
+        assert_eq!(
+            rule().redact_path_and_query(
+                "/p",
+                Some("api-key=a&client_secret=b&password=c&x-goog-api-key=d&%6Bey=e&sig=f&api-version=2024&flag")
+            ),
+            "/p?api-key=REDACTED&client_secret=REDACTED&password=REDACTED&x-goog-api-key=REDACTED&%6Bey=REDACTED\
+             &sig=REDACTED&api-version=2024&flag"
+        );
+    }
+
+    #[test]
+    fn path_segments_in_key_formats_are_redacted() {
+        let key = "sk-proj-abcdefghijklmnopqrstuvwxyz0123";
+        assert_eq!(
+            rule().redact_path_and_query(&format!("/keys/{key}/v1/chat/completions"), None),
+            "/keys/REDACTED/v1/chat/completions"
+        );
+        let google = "AIzaSyA-abcdefghijklmnopqrstuvwxyz12345";
+        assert_eq!(
+            rule().redact_path_and_query(&format!("/{google}/models"), None),
+            "/REDACTED/models"
+        );
+        for plain in [
+            "/v1/chat/completions",
+            "/v1beta/models/gemini-2.0-flash:generateContent",
+            "/sk-short",
+        ] {
+            assert_eq!(rule().redact_path_and_query(plain, None), plain);
+        }
+    }
+
+    #[test]
+    fn json_members_follow_the_rule_but_keep_reasoning_signatures() {
+        for name in [
+            "api_key",
+            "apiKey",
+            "client_secret",
+            "password",
+            "access_token",
+            "session_id",
+        ] {
+            assert!(is_secret_json_member(name.as_bytes()), "{name}");
+        }
+        // `max_tokens` matches the rule, but only string values are ever redacted (see `pipeline::secrets`).
+        for name in ["signature", "thoughtSignature", "model", "content"] {
+            assert!(!is_secret_json_member(name.as_bytes()), "{name}");
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! WAL + `synchronous=NORMAL` survives `kill -9` of llmtap (only an OS crash can lose the last commits).
 
 pub mod codec;
+mod private;
 mod read;
 mod schema;
 mod write;
@@ -42,6 +43,17 @@ pub enum StoreError {
     Corrupt { id: String, what: String },
     #[error("store schema version {found} is newer than this llmtap understands ({supported})")]
     FutureSchema { found: i64, supported: i64 },
+    #[error(
+        "store {path} is not writable ({reason}); llmtap cannot capture into it: make the file and its \
+         directory writable by this user, or choose another --data-dir"
+    )]
+    NotWritable { path: PathBuf, reason: String },
+    #[error("cannot make store file {path} private: {source}")]
+    Permissions {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl StoreError {
@@ -73,11 +85,12 @@ pub fn db_path(data_dir: &Path) -> PathBuf {
 
 /// Open (creating if needed) the store in `data_dir` and bring its schema up to date.
 pub fn open(data_dir: &Path) -> Result<Connection, StoreError> {
-    std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
+    private::create_dir(data_dir).map_err(|source| StoreError::DataDir {
         path: data_dir.to_owned(),
         source,
     })?;
     let path = db_path(data_dir);
+    private::prepare_files(&path)?;
     let conn = Connection::open(&path).map_err(|source| StoreError::Open {
         path: path.clone(),
         source,
@@ -93,6 +106,40 @@ pub fn open(data_dir: &Path) -> Result<Connection, StoreError> {
     };
     setup()?;
     Ok(conn)
+}
+
+/// [`open`] for the one writer (`llmtap serve`): also proves that a write commits, so a store llmtap cannot
+/// write is a startup error naming the path rather than a capture that fails quietly. SQLite opens a file it
+/// may not write read-only without saying so, and a directory that refuses new files (`-wal`, `-shm`) only
+/// fails at the first commit.
+pub fn open_for_writing(data_dir: &Path) -> Result<Connection, StoreError> {
+    let path = db_path(data_dir);
+    let not_writable = |reason: String| StoreError::NotWritable {
+        path: path.clone(),
+        reason,
+    };
+    let conn = match open(data_dir) {
+        // A read-only file in WAL mode may fail already while opening (the -shm cannot be created).
+        Err(StoreError::Open { source, .. }) if is_readonly_error(&source) => {
+            return Err(not_writable(source.to_string()));
+        }
+        Err(StoreError::Sql(source)) if is_readonly_error(&source) => return Err(not_writable(source.to_string())),
+        other => other?,
+    };
+    if conn.is_readonly(rusqlite::MAIN_DB)? {
+        return Err(not_writable("the file opens read-only".into()));
+    }
+    // Rewriting the schema version is a real commit (page 1 and the WAL) that changes nothing.
+    conn.pragma_update(None, "user_version", schema::VERSION)
+        .map_err(|e| not_writable(e.to_string()))?;
+    Ok(conn)
+}
+
+fn is_readonly_error(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::PermissionDenied)
+    )
 }
 
 /// Keep each prepared statement's query plan whatever values are bound to it. The bundled SQLite is built with

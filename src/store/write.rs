@@ -3,8 +3,8 @@
 //! The pipeline sends records in batches, one per pass over the capture queue (see [`crate::pipeline`]), so a
 //! burst of exchanges costs the writer one wake-up, not one per record. Producers block when the channel is
 //! full; the data path never touches it (it only feeds the capture queue, which drops when full). Write errors
-//! are counted and logged once; the batch is lost but the thread keeps going, so one bad record cannot stop
-//! capture.
+//! are counted and logged once per episode (see `Metrics::store_error`); the batch is lost but the thread keeps
+//! going, so one bad record cannot stop capture.
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
@@ -133,7 +133,10 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
             }
         }
         match result {
-            Ok(()) => metrics.stored.add(n),
+            Ok(()) => {
+                metrics.stored.add(n);
+                metrics.store_ok();
+            }
             Err(e) => metrics.store_error(&e),
         }
         batch.clear();

@@ -384,6 +384,14 @@ async fn replay(state: Arc<ReplayState>, req: Request<Incoming>) -> Result<Respo
 
     let (tx, rx) = mpsc::channel(16);
     let mut resp = Response::new(ChannelBody(rx));
+    // `x-replay-response-header: name: value` adds a response header (tests of what llmtap keeps of them).
+    for v in parts.headers.get_all("x-replay-response-header") {
+        if let Some((k, v)) = v.to_str().ok().and_then(|v| v.split_once(':'))
+            && let (Ok(k), Ok(v)) = (http::HeaderName::from_bytes(k.trim().as_bytes()), v.trim().parse())
+        {
+            resp.headers_mut().append(k, v);
+        }
+    }
     match (scenario.as_deref(), fixture) {
         (Some("slow-stream"), _) => {
             resp.headers_mut()
@@ -535,6 +543,11 @@ impl Llmtap {
     }
 
     pub fn start_with_env(config: &str, data_dir: &Path, env: &[(&str, &str)]) -> Llmtap {
+        Self::start_with_stderr(config, data_dir, env, Stdio::inherit())
+    }
+
+    /// As `start_with_env`, with llmtap's stderr (its log) sent to `stderr` (e.g. a file a test reads).
+    pub fn start_with_stderr(config: &str, data_dir: &Path, env: &[(&str, &str)], stderr: Stdio) -> Llmtap {
         std::fs::create_dir_all(data_dir).unwrap();
         let config_path = data_dir.join("llmtap-test.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -546,7 +559,7 @@ impl Llmtap {
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
