@@ -55,7 +55,10 @@ async fn send_big(tap: &Llmtap, route: &str, from: usize, n: usize, parallel: us
             .map(|i| {
                 let (client, url, name) = (client.clone(), tap.url(&path), f.name.clone());
                 tokio::spawn(async move {
-                    let headers = [("content-type", "application/json"), ("x-replay-fixture", name.as_str())];
+                    let headers = [
+                        ("content-type", "application/json"),
+                        ("x-replay-fixture", name.as_str()),
+                    ];
                     send(&client, "POST", &url, &headers, big_prompt(i)).await.status
                 })
             })
@@ -68,7 +71,10 @@ async fn send_big(tap: &Llmtap, route: &str, from: usize, n: usize, parallel: us
 }
 
 /// Export streams that are open and never read.
-async fn stalled_exports(api: &mut LlmTapClient<tonic::transport::Channel>, n: usize) -> Vec<tonic::Streaming<pb::ExportChunk>> {
+async fn stalled_exports(
+    api: &mut LlmTapClient<tonic::transport::Channel>,
+    n: usize,
+) -> Vec<tonic::Streaming<pb::ExportChunk>> {
     let mut out = Vec::new();
     for _ in 0..n {
         let req = pb::ExportRequest {
@@ -114,9 +120,16 @@ async fn stalled_export_streams_do_not_starve_the_proxys_name_resolution() {
     for i in 0..5 {
         let started = Instant::now();
         let answered = tokio::time::timeout(Duration::from_secs(20), send_big(&tap, "local", 1000 + i, 1, 1)).await;
-        assert!(answered.is_ok(), "call {i} to a host-named upstream unanswered after {:?}", started.elapsed());
+        assert!(
+            answered.is_ok(),
+            "call {i} to a host-named upstream unanswered after {:?}",
+            started.elapsed()
+        );
     }
-    assert_eq!(up.received().iter().filter(|r| r.path.starts_with("/v1/chat")).count(), 155);
+    assert_eq!(
+        up.received().iter().filter(|r| r.path.starts_with("/v1/chat")).count(),
+        155
+    );
     drop(held);
 }
 
@@ -135,7 +148,8 @@ async fn a_stalled_export_stream_does_not_hold_back_wal_checkpoints() {
     // reader reads the database file and pins nothing): checkpoint, then commit one small write.
     let db = open_store_db(dir.path());
     db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())).unwrap();
-    db.execute("INSERT INTO cursors (sink, seq) VALUES ('wal-test', 0)", []).unwrap();
+    db.execute("INSERT INTO cursors (sink, seq) VALUES ('wal-test', 0)", [])
+        .unwrap();
     drop(db);
     let mut api = connect(&tap).await;
     let mut stalled = stalled_exports(&mut api, 1).await.pop().unwrap();
@@ -158,12 +172,18 @@ async fn a_stalled_export_stream_does_not_hold_back_wal_checkpoints() {
         if log == done {
             break;
         }
-        assert!(Instant::now() < deadline, "checkpoint stuck at {done} of {log} WAL frames");
+        assert!(
+            Instant::now() < deadline,
+            "checkpoint stuck at {done} of {log} WAL frames"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // So the WAL is recycled from its start and stays near SQLite's 1000-page auto-checkpoint (~4 MiB) plus a
     // batch (~5 MiB measured); a reader that pins a snapshot makes it grow with every call (10-16 MiB here).
-    assert!(after < 10 << 20, "WAL grew to {after} bytes with a stalled reader (was {before})");
+    assert!(
+        after < 10 << 20,
+        "WAL grew to {after} bytes with a stalled reader (was {before})"
+    );
     drop(stalled);
 }
 
@@ -216,7 +236,10 @@ async fn stalled_streams_are_dropped_after_the_timeout_and_streams_are_bounded()
     let stream = &mut stalled[0];
     let mut got = 0;
     let status = loop {
-        match tokio::time::timeout(Duration::from_secs(10), stream.message()).await.unwrap() {
+        match tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .unwrap()
+        {
             Ok(Some(chunk)) => got += chunk.data.len(),
             Ok(None) => panic!("the stalled stream ran to its end ({got} of {full} bytes)"),
             Err(status) => break status,
