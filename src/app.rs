@@ -28,9 +28,20 @@ pub enum AppError {
     Tls(#[from] crate::proxy::forward::TlsSetupError),
     #[error("cannot start a worker thread: {0}")]
     Thread(#[source] std::io::Error),
+    #[error(
+        "refusing to serve the gRPC API on {addr} without a token: it streams every captured prompt to whoever \
+         can reach it. Set [api] token or token_file (or LLMTAP_API_TOKEN), or listen on a loopback address"
+    )]
+    ApiWithoutToken { addr: SocketAddr },
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
+    if let Some(addr) = config.api_listen
+        && !addr.ip().is_loopback()
+        && config.api.token.is_none()
+    {
+        return Err(AppError::ApiWithoutToken { addr });
+    }
     let metrics = Arc::new(Metrics::default());
     let conn = crate::store::open_for_writing(&config.data_dir)?;
     let (store_tx, store_thread) =
@@ -68,26 +79,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     println!("llmtap listening on http://{local}");
     let api_stop = CancellationToken::new();
     if let Some(addr) = config.api_listen {
-        let api_listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| AppError::Listen { addr, source })?;
+        let api_listener = std::net::TcpListener::bind(addr).map_err(|source| AppError::Listen { addr, source })?;
         let api_addr = api_listener.local_addr().unwrap_or(addr);
         println!("llmtap api on http://{api_addr}");
-        let service = crate::api::pb::llm_tap_server::LlmTapServer::new(crate::api::ApiService {
-            data_dir: config.data_dir.clone(),
-            live: live.clone(),
-        });
-        let stop = api_stop.clone();
-        tokio::spawn(async move {
-            let incoming = crate::api::incoming(api_listener);
-            let served = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
-                .await;
-            if let Err(error) = served {
-                tracing::error!(%error, "gRPC API stopped");
-            }
-        });
+        // Its own thread and runtime: no API client can take the proxy's workers or blocking pool.
+        crate::api::server::spawn(api_listener, &config, live.clone(), metrics.clone(), api_stop.clone())
+            .map_err(AppError::Thread)?;
     }
     tracing::info!(listen = %local, data_dir = %config.data_dir.display(), upstreams = config.upstreams.len(), "Started");
 

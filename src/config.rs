@@ -91,6 +91,14 @@ pub struct RawServer {
 pub struct RawApi {
     /// HOST:PORT for llmtap's gRPC API, or "off".
     pub listen: Option<String>,
+    /// Bearer token every RPC must carry (env LLMTAP_API_TOKEN wins over both).
+    pub token: Option<String>,
+    /// File holding the token (surrounding whitespace ignored).
+    pub token_file: Option<PathBuf>,
+    /// Concurrent Subscribe/Export streams; beyond it RESOURCE_EXHAUSTED.
+    pub max_streams: Option<usize>,
+    /// A stream whose client takes nothing for this long is dropped.
+    pub stall_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -163,6 +171,8 @@ pub struct Config {
     pub otlp: Vec<OtlpConfig>,
     /// llmtap's own gRPC API; None when "off".
     pub api_listen: Option<SocketAddr>,
+    /// The gRPC API's token and limits.
+    pub api: ApiConfig,
     /// Resource attributes for exports (service.name and OTEL_RESOURCE_ATTRIBUTES).
     pub resource: Vec<(String, String)>,
     pub server: ServerConfig,
@@ -293,6 +303,75 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:8788";
 
 /// The built-in upstreams: route `/<name>/...` to the provider's public API.
+/// The gRPC API's access control and stream limits (`[api]`).
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    pub token: Option<ApiToken>,
+    pub max_streams: usize,
+    pub stall_timeout: Duration,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            token: None,
+            max_streams: 16,
+            stall_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The API's bearer token. Its `Debug` never shows it: `Config` is logged and printed in errors.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiToken(String);
+
+impl ApiToken {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiToken(<redacted>)")
+    }
+}
+
+/// `[api]` token sources, first set wins: env LLMTAP_API_TOKEN, `token`, `token_file`.
+fn api_config(raw: &RawApi) -> Result<ApiConfig, ConfigError> {
+    let from_file = match &raw.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| invalid("api.token_file", format!("cannot read {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
+    let token = env_var("LLMTAP_API_TOKEN")
+        .or_else(|| raw.token.clone())
+        .or(from_file)
+        .map(|t| t.trim().to_owned());
+    if token.as_deref() == Some("") {
+        return Err(invalid("api.token", "is empty"));
+    }
+    let defaults = ApiConfig::default();
+    let max_streams = raw.max_streams.unwrap_or(defaults.max_streams);
+    if max_streams == 0 {
+        return Err(invalid("api.max_streams", "must be at least 1"));
+    }
+    let stall_timeout = raw
+        .stall_timeout_secs
+        .map(Duration::from_secs)
+        .unwrap_or(defaults.stall_timeout);
+    if stall_timeout.is_zero() {
+        return Err(invalid("api.stall_timeout_secs", "must be at least 1"));
+    }
+    Ok(ApiConfig {
+        token: token.map(ApiToken),
+        max_streams,
+        stall_timeout,
+    })
+}
+
 pub fn builtin_upstreams() -> [(&'static str, &'static str, ApiFamily); 3] {
     [
         ("openai", "https://api.openai.com", ApiFamily::Openai),
@@ -499,6 +578,7 @@ impl RawConfig {
                         .map_err(|e| invalid("api.listen", format!("{text:?} is not HOST:PORT or \"off\" ({e})")))?,
                 ),
             },
+            api: api_config(&self.api)?,
             resource,
             server,
         })

@@ -165,6 +165,12 @@ pub struct Metrics {
     pub accept_errors: Counter,
     pub connections_at_limit: Counter,
     logged_over_budget: Once,
+    /// Gauge: open gRPC API streams (Subscribe and Export).
+    pub api_streams: Counter,
+    pub api_streams_rejected: Counter,
+    pub api_streams_stalled: Counter,
+    pub api_unauthenticated: Counter,
+    pub api_errors: Counter,
     logged_drop: Once,
     logged_process_error: Once,
     /// Store write failures come in episodes (a full disk): see [`Metrics::store_error`].
@@ -343,6 +349,31 @@ impl Metrics {
                 "llmtap_export_lag",
                 "Store records not yet exported by the slowest sink.",
                 self.export_lag.get(),
+            ),
+            (
+                "llmtap_api_streams",
+                "Open gRPC API streams (Subscribe and Export).",
+                self.api_streams.get(),
+            ),
+            (
+                "llmtap_api_streams_rejected_total",
+                "gRPC API streams refused with RESOURCE_EXHAUSTED ([api] max_streams open already).",
+                self.api_streams_rejected.get(),
+            ),
+            (
+                "llmtap_api_streams_stalled_total",
+                "gRPC API streams dropped because their client took nothing for [api] stall_timeout_secs.",
+                self.api_streams_stalled.get(),
+            ),
+            (
+                "llmtap_api_unauthenticated_total",
+                "gRPC API calls refused with UNAUTHENTICATED (missing or wrong bearer token).",
+                self.api_unauthenticated.get(),
+            ),
+            (
+                "llmtap_api_errors_total",
+                "gRPC API calls that failed inside llmtap (store read errors).",
+                self.api_errors.get(),
             ),
         ]
     }

@@ -1,22 +1,31 @@
 //! llmtap's own gRPC API (`proto/llmtap/v1/llmtap.proto`): a live subscription to steps and provider traces,
-//! and queries over the store. Served by tonic on its own loopback port (`[api] listen`).
+//! and queries over the store. Served by tonic on its own port (`[api] listen`, loopback by default) and its
+//! own runtime (`server`), behind an optional bearer token (`auth`), with bounded, stall-timed streams
+//! (`streams`).
 //!
 //! Live events come from the pipeline thread through a broadcast channel: sending costs nothing when nobody
 //! listens, and a slow subscriber skips events (it is told how many) instead of holding the pipeline back.
+
+pub mod auth;
+pub mod server;
+pub mod streams;
 
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 use tonic::{Request, Response, Status};
+
+use self::streams::{FedStream, Feed, FeedError, StreamLimit};
 
 use crate::cli::ExportFormat;
 use crate::export::formats::LocalharnessStream;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::store::{StoreReader, TraceFilter};
+use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
 
 #[allow(clippy::all, clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 pub mod pb {
@@ -96,30 +105,57 @@ fn session_message(t: TrajectorySummary) -> pb::Session {
 pub struct ApiService {
     pub data_dir: PathBuf,
     pub live: LiveTx,
+    pub limit: StreamLimit,
+    pub metrics: Arc<Metrics>,
+    /// Store reads that failed: counted, logged once per episode.
+    pub errors: Arc<EpisodeLog>,
 }
 
-/// A stream of events fed by a forwarding task.
-pub struct EventStream(mpsc::Receiver<Result<pb::Event, Status>>);
+/// Live events, fed by a forwarding task.
+pub type EventStream = FedStream<pb::Event>;
+/// Export chunks, fed by the blocking export task.
+pub type ChunkStream = FedStream<pb::ExportChunk>;
 
-impl futures_core::Stream for EventStream {
-    type Item = Result<pb::Event, Status>;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx)
-    }
-}
+/// Export chunks waiting for the client: few, so a client that stalls pins little memory.
+const EXPORT_BUFFER: usize = 2;
+/// Live events waiting for a subscriber before `Feed::send` waits (and, after the stall timeout, drops it).
+const SUBSCRIBE_BUFFER: usize = 256;
 
 fn matches(filter: &pb::SubscribeRequest, session: Option<&str>, trajectory: &str, agent: Option<&str>) -> bool {
     (filter.session.is_empty() || session == Some(filter.session.as_str()) || trajectory == filter.session)
         && (filter.agent.is_empty() || agent == Some(filter.agent.as_str()))
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
-) -> Result<T, Status> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
-        .map_err(|e| Status::internal(e.to_string()))
+impl ApiService {
+    /// Store reads run on the API runtime's own small blocking pool (see `server`).
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let result = tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        match result {
+            Ok(v) => {
+                self.errors.success();
+                Ok(v)
+            }
+            Err(error) => {
+                note_error(&self.metrics, &self.errors, &error);
+                Err(Status::internal(error))
+            }
+        }
+    }
+}
+
+fn note_error(metrics: &Metrics, errors: &EpisodeLog, error: &str) {
+    metrics.api_errors.inc();
+    match errors.failure() {
+        EpisodeReport::First => tracing::warn!(%error, "gRPC API: a store read failed"),
+        EpisodeReport::Summary { count } => tracing::warn!(%error, count, "gRPC API: store reads still failing"),
+        EpisodeReport::Quiet => {}
+    }
 }
 
 #[tonic::async_trait]
@@ -138,20 +174,38 @@ impl pb::llm_tap_server::LlmTap for ApiService {
             limit: None,
         };
         let dir = self.data_dir.clone();
-        let (tx, out) = mpsc::channel(4);
+        let (feed, out) = self.limit.open(EXPORT_BUFFER)?;
+        let runtime = tokio::runtime::Handle::current();
+        let metrics = self.metrics.clone();
+        let errors = self.errors.clone();
         tokio::task::spawn_blocking(move || {
             let mut writer = ChunkWriter {
                 buf: Vec::with_capacity(CHUNK),
-                tx: tx.clone(),
+                feed,
+                runtime,
+                metrics: metrics.clone(),
+                stopped: None,
             };
+            // The store reader reads in pages and holds no read transaction while the writer waits for the
+            // client, so a slow client delays only its own export.
             let result = StoreReader::open(&dir)
                 .map_err(crate::export::ExportError::from)
                 .and_then(|reader| crate::export::write_jsonl(&reader, format, &filter, &mut writer));
-            if let Err(e) = result {
-                let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+            match (result, writer.stopped) {
+                (Ok(_), _) => {
+                    errors.success();
+                }
+                // The client left or stalled: nothing to report to it, and not llmtap's failure.
+                (Err(_), Some(_)) => {}
+                (Err(e), None) => {
+                    note_error(&metrics, &errors, &e.to_string());
+                    let _ = writer
+                        .runtime
+                        .block_on(writer.feed.send(Err(Status::internal(e.to_string())), &metrics));
+                }
             }
         });
-        Ok(Response::new(ChunkStream(out)))
+        Ok(Response::new(out))
     }
 
     async fn subscribe(&self, request: Request<pb::SubscribeRequest>) -> Result<Response<EventStream>, Status> {
@@ -175,18 +229,24 @@ impl pb::llm_tap_server::LlmTap for ApiService {
             (want_steps, want_traces)
         };
         let mut localharness = localharness;
+        let (feed, out) = self.limit.open(SUBSCRIBE_BUFFER)?;
+        let metrics = self.metrics.clone();
         let mut rx = self.live.subscribe();
-        let (tx, out) = mpsc::channel(256);
         tokio::spawn(async move {
+            let tx = SubscribeFeed { feed, metrics };
             loop {
-                let event = match rx.recv().await {
+                let received = tokio::select! {
+                    // A client that left while no events flow gives its stream slot back now.
+                    () = tx.feed.closed() => return,
+                    r = rx.recv() => r,
+                };
+                let event = match received {
                     Ok(e) => e,
                     Err(broadcast::error::RecvError::Lagged(n)) => {
-                        let _ = tx
-                            .send(Err(Status::data_loss(format!(
-                                "subscriber too slow: {n} events skipped"
-                            ))))
-                            .await;
+                        let skipped = Status::data_loss(format!("subscriber too slow: {n} events skipped"));
+                        if tx.send(Err(skipped)).await.is_err() {
+                            return;
+                        }
                         continue;
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
@@ -224,7 +284,7 @@ impl pb::llm_tap_server::LlmTap for ApiService {
                 }
             }
         });
-        Ok(Response::new(EventStream(out)))
+        Ok(Response::new(out))
     }
 
     async fn list_sessions(
@@ -233,15 +293,16 @@ impl pb::llm_tap_server::LlmTap for ApiService {
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let req = request.into_inner();
         let dir = self.data_dir.clone();
-        let rows = blocking(move || {
-            let reader = StoreReader::open(&dir)?;
-            reader.sessions(&TraceFilter {
-                session: (!req.session.is_empty()).then_some(req.session),
-                limit: (req.limit > 0).then_some(req.limit as u64),
-                ..TraceFilter::default()
+        let rows = self
+            .blocking(move || {
+                let reader = StoreReader::open(&dir)?;
+                reader.sessions(&TraceFilter {
+                    session: (!req.session.is_empty()).then_some(req.session),
+                    limit: (req.limit > 0).then_some(req.limit as u64),
+                    ..TraceFilter::default()
+                })
             })
-        })
-        .await?;
+            .await?;
         Ok(Response::new(pb::ListSessionsResponse {
             sessions: rows.into_iter().map(|r| session_message(r.summary)).collect(),
         }))
@@ -256,34 +317,42 @@ impl pb::llm_tap_server::LlmTap for ApiService {
             return Err(Status::invalid_argument("session is required"));
         }
         let dir = self.data_dir.clone();
-        let steps = blocking(move || {
-            StoreReader::open(&dir)?.steps(&TraceFilter {
-                session: Some(req.session),
-                ..TraceFilter::default()
+        let steps = self
+            .blocking(move || {
+                StoreReader::open(&dir)?.steps(&TraceFilter {
+                    session: Some(req.session),
+                    ..TraceFilter::default()
+                })
             })
-        })
-        .await?;
+            .await?;
         Ok(Response::new(pb::GetSessionStepsResponse {
             steps: steps.iter().map(step_message).collect(),
         }))
     }
 }
 
-/// Export chunks fed by the blocking export task.
-pub struct ChunkStream(mpsc::Receiver<Result<pb::ExportChunk, Status>>);
+/// The Subscribe forwarding task's end of its stream.
+struct SubscribeFeed {
+    feed: Feed<pb::Event>,
+    metrics: Arc<Metrics>,
+}
 
-impl futures_core::Stream for ChunkStream {
-    type Item = Result<pb::ExportChunk, Status>;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx)
+impl SubscribeFeed {
+    async fn send(&self, item: Result<pb::Event, Status>) -> Result<(), FeedError> {
+        self.feed.send(item, &self.metrics).await
     }
 }
 
-/// An `io::Write` that hands whole lines to the gRPC stream in chunks of about `CHUNK` bytes; a client that
-/// went away turns into a write error, which stops the export.
+/// An `io::Write` that hands whole lines to the gRPC stream in chunks of about `CHUNK` bytes. A client that went
+/// away or stalled turns into a write error, which stops the export.
 struct ChunkWriter {
     buf: Vec<u8>,
-    tx: mpsc::Sender<Result<pb::ExportChunk, Status>>,
+    feed: Feed<pb::ExportChunk>,
+    /// The API runtime: the writer runs on one of its blocking threads and waits there for the client.
+    runtime: tokio::runtime::Handle,
+    metrics: Arc<Metrics>,
+    /// Why the client stopped the export, when it did.
+    stopped: Option<FeedError>,
 }
 
 const CHUNK: usize = 64 * 1024;
@@ -292,9 +361,13 @@ impl ChunkWriter {
     fn send(&mut self, upto: usize) -> std::io::Result<()> {
         let rest = self.buf.split_off(upto);
         let data = std::mem::replace(&mut self.buf, rest);
-        self.tx
-            .blocking_send(Ok(pb::ExportChunk { data }))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "export client went away"))
+        let sent = self
+            .runtime
+            .block_on(self.feed.send(Ok(pb::ExportChunk { data }), &self.metrics));
+        sent.map_err(|e| {
+            self.stopped = Some(e);
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, e)
+        })
     }
 }
 

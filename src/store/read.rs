@@ -1,5 +1,7 @@
 //! Reading the store: the CLI and the exporters. Readers use their own connection (WAL lets them run while
-//! the writer writes) and stream rows through callbacks, so an export never holds the whole dataset.
+//! the writer writes) and stream rows through callbacks, so an export never holds the whole dataset. They read in
+//! pages and hold no read transaction while a callback runs: an open read blocks WAL checkpoints, and a
+//! callback may wait on a slow consumer for as long as it likes.
 
 use std::path::Path;
 
@@ -45,10 +47,6 @@ impl TraceFilter {
         }
         (cond.join(" AND "), params)
     }
-
-    fn limit_clause(&self) -> String {
-        self.limit.map(|l| format!(" LIMIT {l}")).unwrap_or_default()
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -78,20 +76,52 @@ impl StoreReader {
     }
 
     /// Call `f` for each matching trace, oldest first, bodies included.
+    ///
+    /// Read in pages (see `Page`), and `f` runs between them with no read transaction open: a consumer that
+    /// blocks (a stalled API client, `llmtap export | less`) cannot hold back WAL checkpoints. Each page resumes
+    /// after the last trace handed on, by its (started_us, seq) key.
     pub fn for_each_trace(
         &self,
         filter: &TraceFilter,
         mut f: impl FnMut(ProviderTrace) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let (cond, params) = filter.condition();
+        // `traces_started` is ordered by (started_us, rowid = seq): a page is an index range, not a sort.
         let sql = format!(
-            "{TRACE_SELECT} WHERE {cond} ORDER BY t.started_us, t.seq{}",
-            filter.limit_clause()
+            "{TRACE_SELECT} WHERE {cond} AND (t.started_us, t.seq) > (?, ?) ORDER BY t.started_us, t.seq LIMIT ?"
         );
-        let mut stmt = self.conn.prepare_cached(&sql)?;
-        let mut rows = stmt.query(params_from_iter(params))?;
-        while let Some(row) = rows.next()? {
-            f(trace_from_row(row)?)?;
+        let mut remaining = filter.limit.unwrap_or(u64::MAX);
+        let mut after = (i64::MIN, i64::MIN);
+        while remaining > 0 {
+            let want = remaining.min(Page::ROWS);
+            let mut page = Vec::new();
+            {
+                let mut stmt = self.conn.prepare_cached(&sql)?;
+                let mut args = params.clone();
+                args.extend([after.0, after.1, want as i64].map(SqlValue::Integer));
+                let mut rows = stmt.query(params_from_iter(args))?;
+                let mut bytes = 0;
+                while let Some(row) = rows.next()? {
+                    let key = (row.get(11)?, row.get(TRACE_SEQ_COLUMN)?);
+                    let trace = trace_from_row(row)?;
+                    bytes += trace.request.as_str().len()
+                        + trace.response.as_str().len()
+                        + trace.raw_response.as_ref().map_or(0, |r| r.len());
+                    page.push((key, trace));
+                    if bytes >= Page::BYTES {
+                        break;
+                    }
+                }
+                // Dropping `rows` resets the statement, which ends the read transaction before `f` runs.
+            }
+            if page.is_empty() {
+                break;
+            }
+            for (key, trace) in page {
+                after = key;
+                remaining -= 1;
+                f(trace)?;
+            }
         }
         Ok(())
     }
@@ -105,34 +135,89 @@ impl StoreReader {
         Ok(out)
     }
 
-    /// Steps in trajectory order (trajectories by start time, steps by index).
+    /// Steps in trajectory order (trajectories by start time, steps by index). Paged like `for_each_trace`.
     pub fn for_each_step(
         &self,
         filter: &TraceFilter,
         mut f: impl FnMut(Step) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let (cond, params) = filter.condition();
+        let mut remaining = filter.limit.unwrap_or(u64::MAX);
+        let mut after = StepKey::FIRST;
+        while remaining > 0 {
+            let page = self.step_page(filter, &after, remaining.min(Page::ROWS))?;
+            if page.is_empty() {
+                break;
+            }
+            for (key, id, body) in page {
+                after = key;
+                remaining -= 1;
+                let step = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+                    id,
+                    what: e.to_string(),
+                })?;
+                f(step)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One page of steps after `after`: (key, step id, body). The order (trajectory start, trajectory, index)
+    /// has no index, so the keys are sorted first without the bodies (a sort would otherwise carry every body
+    /// of the table), then the page's bodies are read by primary key, in the same short read transaction.
+    fn step_page(
+        &self,
+        filter: &TraceFilter,
+        after: &StepKey,
+        want: u64,
+    ) -> Result<Vec<(StepKey, String, String)>, StoreError> {
+        let (cond, mut params) = filter.condition();
         let sql = format!(
-            "SELECT s.step_id, s.body FROM steps s
+            "SELECT COALESCE(tr.started_us, s.started_us) AS k, s.trajectory_id, s.step_index, s.seq FROM steps s
              LEFT JOIN trajectories tr ON tr.trajectory_id = s.trajectory_id
-             WHERE {} ORDER BY COALESCE(tr.started_us, s.started_us), s.trajectory_id, s.step_index, s.seq{}",
+             WHERE {} AND (COALESCE(tr.started_us, s.started_us), s.trajectory_id, s.step_index, s.seq) > (?, ?, ?, ?)
+             ORDER BY k, s.trajectory_id, s.step_index, s.seq LIMIT ?",
             cond.replace("session_id", "s.session_id")
                 .replace("trajectory_id", "s.trajectory_id")
                 .replace("started_us", "s.started_us"),
-            filter.limit_clause()
         );
-        let mut stmt = self.conn.prepare_cached(&sql)?;
-        let mut rows = stmt.query(params_from_iter(params))?;
-        while let Some(row) = rows.next()? {
-            let id: String = row.get(0)?;
-            let body: String = row.get(1)?;
-            let step = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
-                id,
-                what: e.to_string(),
+        params.extend([
+            SqlValue::Integer(after.started_us),
+            SqlValue::Text(after.trajectory_id.clone()),
+            SqlValue::Integer(after.step_index),
+            SqlValue::Integer(after.seq),
+            SqlValue::Integer(want as i64),
+        ]);
+        let tx = self.conn.unchecked_transaction()?;
+        let keys = {
+            let mut stmt = tx.prepare_cached(&sql)?;
+            let rows = stmt.query_map(params_from_iter(params), |r| {
+                Ok(StepKey {
+                    started_us: r.get(0)?,
+                    trajectory_id: r.get(1)?,
+                    step_index: r.get(2)?,
+                    seq: r.get(3)?,
+                })
             })?;
-            f(step)?;
+            rows.collect::<Result<Vec<_>, _>>()?
+        };
+        let mut page = Vec::with_capacity(keys.len());
+        let mut bytes = 0;
+        {
+            let mut body = tx.prepare_cached("SELECT step_id, body FROM steps WHERE seq = ?1")?;
+            for key in keys {
+                let row: Option<(String, String)> =
+                    body.query_row([key.seq], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
+                if let Some((id, text)) = row {
+                    bytes += text.len();
+                    page.push((key, id, text));
+                }
+                if bytes >= Page::BYTES {
+                    break;
+                }
+            }
         }
-        Ok(())
+        tx.commit()?;
+        Ok(page)
     }
 
     pub fn steps(&self, filter: &TraceFilter) -> Result<Vec<Step>, StoreError> {
@@ -144,21 +229,36 @@ impl StoreReader {
         Ok(out)
     }
 
-    /// Trajectories, oldest first.
+    /// Trajectories, oldest first. Read in pages, resumed by (started_us, trajectory_id).
     pub fn sessions(&self, filter: &TraceFilter) -> Result<Vec<SessionRow>, StoreError> {
         let (cond, params) = filter.condition();
         let sql = format!(
-            "SELECT trajectory_id, body, system_prompts, tool_definitions FROM trajectories
-             WHERE {cond} ORDER BY started_us, trajectory_id{}",
-            filter.limit_clause()
+            "SELECT trajectory_id, body, system_prompts, tool_definitions, started_us FROM trajectories
+             WHERE {cond} AND (started_us, trajectory_id) > (?, ?) ORDER BY started_us, trajectory_id LIMIT ?"
         );
-        let mut stmt = self.conn.prepare_cached(&sql)?;
-        let mut rows = stmt.query(params_from_iter(params))?;
+        let mut remaining = filter.limit.unwrap_or(u64::MAX);
+        let mut after = (i64::MIN, String::new());
         let mut out = Vec::new();
-        while let Some(row) = rows.next()? {
-            out.push(SessionRow {
-                summary: summary_from_row(row)?,
-            });
+        while remaining > 0 {
+            let want = remaining.min(Page::ROWS);
+            let mut stmt = self.conn.prepare_cached(&sql)?;
+            let mut args = params.clone();
+            args.extend([
+                SqlValue::Integer(after.0),
+                SqlValue::Text(after.1.clone()),
+                SqlValue::Integer(want as i64),
+            ]);
+            let mut rows = stmt.query(params_from_iter(args))?;
+            let before = out.len();
+            while let Some(row) = rows.next()? {
+                let summary = summary_from_row(row)?;
+                after = (row.get(4)?, summary.trajectory_id.clone());
+                out.push(SessionRow { summary });
+                remaining -= 1;
+            }
+            if out.len() == before {
+                break;
+            }
         }
         Ok(out)
     }
@@ -252,10 +352,40 @@ fn summary_from_row(row: &Row<'_>) -> Result<TrajectorySummary, StoreError> {
     Ok(summary)
 }
 
-/// The columns `trace_from_row` reads, in its order.
+/// How much one read of a paged reader holds before the rows are handed on: a bounded number of rows and, for
+/// rows with bodies, of bytes (a page of large prompts stays a few MiB).
+struct Page;
+
+impl Page {
+    const ROWS: u64 = 256;
+    const BYTES: usize = 4 << 20;
+}
+
+/// Where a paged step read resumes: the sort key of the last step handed on.
+struct StepKey {
+    started_us: i64,
+    trajectory_id: String,
+    step_index: i64,
+    seq: i64,
+}
+
+impl StepKey {
+    /// Sorts before every stored step: the lowest value of each key column.
+    const FIRST: StepKey = StepKey {
+        started_us: i64::MIN,
+        trajectory_id: String::new(),
+        step_index: i64::MIN,
+        seq: i64::MIN,
+    };
+}
+
+/// `TRACE_SELECT`'s column holding the row's seq (the paged reader's resume key, after `trace_from_row`'s).
+const TRACE_SEQ_COLUMN: usize = 23;
+
+/// The columns `trace_from_row` reads, in its order, then `t.seq`.
 const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
     t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
-    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response
+    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.seq
     FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id";
 
 fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {

@@ -1,0 +1,73 @@
+//! Runs the gRPC API apart from the data path: its own OS thread at background priority, its own runtime and
+//! its own small blocking pool. Store reads for the API run on that pool, so however many API clients there
+//! are and however slowly they read, they cannot take the blocking threads the proxy needs (the upstream
+//! connector resolves host names there) nor CPU from live traffic.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::auth::BearerAuth;
+use super::streams::StreamLimit;
+use super::{ApiService, LiveTx};
+use crate::config::Config;
+use crate::telemetry::Metrics;
+
+/// Blocking threads beyond one per allowed stream: unary queries still run while every stream reads.
+const SPARE_BLOCKING_THREADS: usize = 2;
+/// Upper bound on the API's blocking pool, whatever `[api] max_streams` says.
+const MAX_BLOCKING_THREADS: usize = 34;
+
+/// Serve the API on `listener` until `stop` is cancelled.
+pub fn spawn(
+    listener: std::net::TcpListener,
+    config: &Config,
+    live: LiveTx,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    listener.set_nonblocking(true)?;
+    let service = ApiService {
+        data_dir: config.data_dir.clone(),
+        live,
+        limit: StreamLimit::new(config.api.max_streams, config.api.stall_timeout, metrics.clone()),
+        metrics: metrics.clone(),
+        errors: Arc::default(),
+    };
+    let auth = BearerAuth::new(config.api.token.as_ref(), metrics);
+    let blocking_threads = (config.api.max_streams + SPARE_BLOCKING_THREADS).min(MAX_BLOCKING_THREADS);
+    std::thread::Builder::new().name("llmtap-api".into()).spawn(move || {
+        crate::pipeline::run_in_background();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(blocking_threads)
+            .thread_name("llmtap-api-blocking")
+            .on_thread_start(crate::pipeline::run_in_background)
+            .on_thread_park(crate::allocator::release_when_idle)
+            .build();
+        let runtime = match runtime {
+            Ok(rt) => rt,
+            Err(error) => {
+                tracing::error!(%error, "Cannot start the gRPC API runtime; the API is unavailable");
+                return;
+            }
+        };
+        runtime.block_on(async move {
+            let listener = match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(error) => {
+                    tracing::error!(%error, "Cannot use the gRPC API listener; the API is unavailable");
+                    return;
+                }
+            };
+            let server = super::pb::llm_tap_server::LlmTapServer::with_interceptor(service, auth);
+            let served = tonic::transport::Server::builder()
+                .add_service(server)
+                .serve_with_incoming_shutdown(super::incoming(listener), stop.cancelled_owned())
+                .await;
+            if let Err(error) = served {
+                tracing::error!(%error, "gRPC API stopped");
+            }
+        });
+    })
+}
