@@ -515,6 +515,32 @@ impl Llmtap {
     }
 
     pub fn start_with_env(config: &str, data_dir: &Path, env: &[(&str, &str)]) -> Llmtap {
+        Self::start_with_stderr(config, data_dir, env, Stdio::inherit()).0
+    }
+
+    /// Start llmtap and collect its log (stderr) lines, for tests about what it logs.
+    pub fn start_capturing_log(config: &str, data_dir: &Path) -> (Llmtap, Arc<Mutex<Vec<String>>>) {
+        let (tap, stderr) = Self::start_with_stderr(config, data_dir, &[], Stdio::piped());
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        if let Some(stderr) = stderr {
+            let sink = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { return };
+                    eprintln!("{line}");
+                    sink.lock().unwrap().push(line);
+                }
+            });
+        }
+        (tap, lines)
+    }
+
+    fn start_with_stderr(
+        config: &str,
+        data_dir: &Path,
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> (Llmtap, Option<std::process::ChildStderr>) {
         std::fs::create_dir_all(data_dir).unwrap();
         let config_path = data_dir.join("llmtap-test.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -526,10 +552,11 @@ impl Llmtap {
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut reader = BufReader::new(stdout);
@@ -552,13 +579,14 @@ impl Llmtap {
                     .and_then(|a| a.parse().ok())
             })
         };
-        Llmtap {
+        let tap = Llmtap {
             child: Some(child),
             addr,
             api_addr,
             data_dir: data_dir.to_owned(),
             config_path,
-        }
+        };
+        (tap, stderr)
     }
 
     pub fn url(&self, path: &str) -> String {
