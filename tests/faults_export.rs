@@ -415,3 +415,79 @@ async fn evicted_unexported_counts_traces_the_slowest_sink_had_not_exported() {
         "evicted before the sink exported them"
     );
 }
+
+/// A gRPC receiver that answers UNAVAILABLE with `RetryInfo{1 day}` to its first request, then accepts.
+#[derive(Clone, Default)]
+struct ThrottlingGrpc {
+    attempts: Arc<Mutex<Vec<Instant>>>,
+    spans: Arc<Mutex<HashSet<Vec<u8>>>>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService for ThrottlingGrpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        use tonic_types::StatusExt;
+        let first = {
+            let mut a = self.attempts.lock().unwrap();
+            a.push(Instant::now());
+            a.len() == 1
+        };
+        if first {
+            return Err(tonic::Status::with_error_details(
+                tonic::Code::Unavailable,
+                "come back tomorrow",
+                tonic_types::ErrorDetails::with_retry_info(Some(Duration::from_secs(86_400))),
+            ));
+        }
+        let mut spans = self.spans.lock().unwrap();
+        for rs in request.into_inner().resource_spans {
+            for ss in rs.scope_spans {
+                spans.extend(ss.spans.into_iter().map(|s| s.span_id));
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_retry_info_is_capped_by_retry_max() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let receiver = ThrottlingGrpc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let svc = opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer::new(
+        receiver.clone(),
+    )
+    .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(llmtap::api::incoming(listener)),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let section = format!(
+        "[[export.otlp]]\nname = \"grpc\"\nendpoint = \"http://{addr}\"\nprotocol = \"grpc\"\nmetrics = false\n\
+         retry_initial_ms = 50\nretry_max_ms = 1000\ntimeout_secs = 2\n"
+    );
+    let tap = Llmtap::start(&upstream_config(&up, &section), dir.path());
+    let want = send_calls(&tap, &json_calls(3)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !want.is_subset(&receiver.spans.lock().unwrap()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        want.is_subset(&receiver.spans.lock().unwrap()),
+        "a day's RetryInfo is capped at retry_max (1 s): {} attempts, {}",
+        receiver.attempts.lock().unwrap().len(),
+        tap.metrics()
+    );
+    let attempts = receiver.attempts.lock().unwrap().clone();
+    assert!(
+        attempts[1] - attempts[0] >= Duration::from_millis(900),
+        "but honoured up to it"
+    );
+    assert_eq!(tap.metric("llmtap_export_failed_total"), 0);
+}
