@@ -28,6 +28,8 @@ enum Answer {
     HangBody,
 }
 
+type FrameTx = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
+
 /// A response body fed from a channel: a sender kept alive and silent is a body that never ends.
 struct ChanBody(mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
 
@@ -52,7 +54,7 @@ struct ScriptedSink {
     /// Span ids of every accepted request.
     spans: Arc<Mutex<HashSet<Vec<u8>>>>,
     /// Bodies left hanging, kept open for the test's life.
-    hung: Arc<Mutex<Vec<mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>>>>,
+    hung: Arc<Mutex<Vec<FrameTx>>>,
 }
 
 impl ScriptedSink {
