@@ -90,7 +90,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
 
     let export_stop = CancellationToken::new();
     let servers = Arc::new(crate::export::otlp::servers(&config));
-    let mut exporters = Vec::new();
+    let mut sinks: Vec<ExportTask> = Vec::new();
     for otlp in &config.otlp {
         let ctx = crate::export::otlp::SinkContext {
             config: otlp.clone(),
@@ -99,9 +99,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             servers: servers.clone(),
             metrics: metrics.clone(),
         };
-        match spawn_exporter(ctx, export_stop.clone()) {
+        sinks.push(Box::pin(crate::export::otlp::run(ctx, export_stop.clone())));
+    }
+    let mut exporters = Vec::new();
+    if !sinks.is_empty() {
+        match spawn_exporters(sinks) {
             Ok(handle) => exporters.push(handle),
-            Err(error) => tracing::error!(sink = %otlp.name, %error, "Cannot start the OTLP exporter thread"),
+            Err(error) => tracing::error!(%error, "Cannot start the export thread"),
         }
     }
 
@@ -133,24 +137,28 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     Ok(())
 }
 
-/// Each OTLP destination runs on its own thread and single-threaded runtime at background priority: reading
-/// the store, building spans, gzip and the gRPC/HTTP client never run on the proxy's workers, so a backlog
-/// being exported cannot delay a byte of live traffic.
-fn spawn_exporter(
-    ctx: crate::export::otlp::SinkContext,
-    stop: CancellationToken,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(format!("llmtap-otlp-{}", ctx.config.name))
-        .spawn(move || {
-            crate::pipeline::run_in_background();
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .on_thread_park(crate::allocator::release_when_idle)
-                .build();
-            match runtime {
-                Ok(rt) => rt.block_on(crate::export::otlp::run(ctx, stop)),
-                Err(error) => tracing::error!(%error, "Cannot start the OTLP exporter runtime"),
-            }
-        })
+/// One sink's whole life (build it, drive it until the shutdown flush ends), as a task of the export runtime.
+type ExportTask = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Every export sink runs as a task on one thread with a single-threaded runtime at background priority:
+/// reading the store, building spans, gzip and the gRPC/HTTP clients never run on the proxy's workers, so a
+/// backlog being exported cannot delay a byte of live traffic. Sinks only wait on I/O and timers between
+/// blocking-pool reads, so one thread serves them all (a thread and runtime per destination bought nothing).
+fn spawn_exporters(sinks: Vec<ExportTask>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("llmtap-export".into()).spawn(move || {
+        crate::pipeline::run_in_background();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .on_thread_park(crate::allocator::release_when_idle)
+            .build();
+        match runtime {
+            Ok(rt) => rt.block_on(async move {
+                let tasks: Vec<_> = sinks.into_iter().map(tokio::spawn).collect();
+                for task in tasks {
+                    let _ = task.await;
+                }
+            }),
+            Err(error) => tracing::error!(%error, "Cannot start the export runtime"),
+        }
+    })
 }

@@ -160,7 +160,6 @@ pub struct Metrics {
     pub exported: Counter,
     pub export_retries: Counter,
     pub export_failed: Counter,
-    pub export_lag: Counter,
     pub capture_over_budget: Counter,
     pub accept_errors: Counter,
     pub connections_at_limit: Counter,
@@ -171,6 +170,8 @@ pub struct Metrics {
     pub api_streams_stalled: Counter,
     pub api_unauthenticated: Counter,
     pub api_errors: Counter,
+    /// Per-sink lag, pause state and last error; `llmtap_export_lag` is the slowest sink's lag.
+    pub sinks: SinkRegistry,
     logged_drop: Once,
     logged_process_error: Once,
     /// Store write failures come in episodes (a full disk): see [`Metrics::store_error`].
@@ -348,7 +349,7 @@ impl Metrics {
             (
                 "llmtap_export_lag",
                 "Store records not yet exported by the slowest sink.",
-                self.export_lag.get(),
+                self.sinks.max_lag(),
             ),
             (
                 "llmtap_api_streams",
@@ -384,9 +385,117 @@ impl Metrics {
         for (name, help, value) in self.snapshot() {
             let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
+            // A family's samples stay together: the per-sink lag follows the aggregate.
+            if name == "llmtap_export_lag" {
+                self.sinks.render_lag(&mut out);
+            }
         }
+        self.sinks.render_state(&mut out);
         out
     }
+}
+
+/// One export destination's live state, written by its driver and read by `/metrics`.
+#[derive(Debug, Default)]
+pub struct SinkStats {
+    /// Gauge: export-log entries this sink has not yet delivered.
+    pub lag: Counter,
+    /// Gauge: 1 while the sink is paused (the destination refused our credentials), else 0.
+    pub paused: Counter,
+    /// The error that is holding the sink back, cleared by the next accepted batch.
+    last_error: std::sync::Mutex<Option<String>>,
+}
+
+impl SinkStats {
+    pub fn set_error(&self, error: &str) {
+        // Bounded: a label value, not a log line.
+        let short: String = error.chars().take(120).collect();
+        if let Ok(mut e) = self.last_error.lock() {
+            *e = Some(short);
+        }
+    }
+
+    pub fn clear_error(&self) {
+        if let Ok(mut e) = self.last_error.lock() {
+            *e = None;
+        }
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().ok().and_then(|e| e.clone())
+    }
+}
+
+/// Every export destination's [`SinkStats`], by sink name, in registration order.
+#[derive(Debug, Default)]
+pub struct SinkRegistry(std::sync::Mutex<Vec<(String, std::sync::Arc<SinkStats>)>>);
+
+impl SinkRegistry {
+    /// The stats of sink `name` (registered on first use; a name is registered once).
+    pub fn register(&self, name: &str) -> std::sync::Arc<SinkStats> {
+        let Ok(mut all) = self.0.lock() else {
+            return std::sync::Arc::default();
+        };
+        if let Some((_, s)) = all.iter().find(|(n, _)| n == name) {
+            return s.clone();
+        }
+        let stats = std::sync::Arc::new(SinkStats::default());
+        all.push((name.to_owned(), stats.clone()));
+        stats
+    }
+
+    fn each(&self) -> Vec<(String, std::sync::Arc<SinkStats>)> {
+        self.0.lock().map(|all| all.clone()).unwrap_or_default()
+    }
+
+    /// The slowest sink's lag: what `llmtap_export_lag` has always documented.
+    pub fn max_lag(&self) -> u64 {
+        self.each().iter().map(|(_, s)| s.lag.get()).max().unwrap_or(0)
+    }
+
+    fn render_lag(&self, out: &mut String) {
+        for (name, s) in self.each() {
+            out.push_str(&format!(
+                "llmtap_export_lag{{sink=\"{}\"}} {}\n",
+                label(&name),
+                s.lag.get()
+            ));
+        }
+    }
+
+    fn render_state(&self, out: &mut String) {
+        let all = self.each();
+        if all.is_empty() {
+            return;
+        }
+        out.push_str(
+            "# HELP llmtap_export_paused 1 while a sink is paused because the destination refused our credentials (401/403); it is probed again every retry_max.\n# TYPE llmtap_export_paused gauge\n",
+        );
+        for (name, s) in &all {
+            out.push_str(&format!(
+                "llmtap_export_paused{{sink=\"{}\"}} {}\n",
+                label(name),
+                s.paused.get()
+            ));
+        }
+        out.push_str(
+            "# HELP llmtap_export_last_error The error holding a sink back (until a batch is accepted).\n# TYPE llmtap_export_last_error gauge\n",
+        );
+        for (name, s) in &all {
+            if let Some(e) = s.last_error() {
+                out.push_str(&format!(
+                    "llmtap_export_last_error{{sink=\"{}\",error=\"{}\"}} 1\n",
+                    label(name),
+                    label(&e)
+                ));
+            }
+        }
+    }
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// Logs go to stderr; `RUST_LOG` overrides the default `info` level.

@@ -1,7 +1,9 @@
-//! Exports: JSON lines streamed from the store (one record in memory at a time), and OTLP.
+//! Exports: JSON lines streamed from the store (one record in memory at a time), and remote sinks (OTLP) behind
+//! one seam and one driver (`sink`).
 
 pub mod formats;
 pub mod otlp;
+pub mod sink;
 
 use std::io::Write;
 

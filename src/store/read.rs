@@ -323,6 +323,15 @@ impl StoreReader {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// How many export-log entries lie after `after` (a sink's lag).
+    pub fn export_pending(&self, after: i64) -> Result<u64, StoreError> {
+        let n: i64 = self
+            .conn
+            .prepare_cached("SELECT COUNT(*) FROM export_log WHERE seq > ?1")?
+            .query_row([after], |r| r.get(0))?;
+        Ok(n.max(0) as u64)
+    }
+
     pub fn export_head(&self) -> Result<i64, StoreError> {
         Ok(self
             .conn
@@ -449,11 +458,16 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
         cutoff_seq = cutoff_seq.max(seq);
     }
     let Some(cutoff) = cutoff_seq else { return Ok(()) };
+    // Cursors are positions in the export log, not in `traces`: a trace is unexported when its call's 'chat'
+    // entry lies beyond the slowest sink's cursor. (Comparing trace seqs with cursors mixed two sequences and
+    // missed unexported traces as soon as tool and agent entries interleaved with the calls.) No sink, no
+    // cursor: nothing is owed to anyone.
     let min_cursor: Option<i64> = conn.query_row("SELECT MIN(seq) FROM cursors", [], |r| r.get(0))?;
     if let Some(c) = min_cursor {
         let unexported: i64 = conn.query_row(
-            "SELECT COUNT(*) FROM traces WHERE seq <= ?1 AND seq > ?2",
-            [cutoff, c],
+            "SELECT COUNT(DISTINCT e.ref) FROM export_log e JOIN traces t ON t.id = e.ref
+             WHERE e.kind = 'chat' AND e.seq > ?1 AND t.seq <= ?2",
+            [c, cutoff],
             |r| r.get(0),
         )?;
         metrics.evicted_unexported.add(unexported as u64);
@@ -494,8 +508,11 @@ pub struct Cursor {
 }
 
 impl Cursor {
+    /// Opens the sink's cursor, registering it at the start of the log if it has none yet: retention counts
+    /// what it evicts before every registered sink exported it, including a sink that never delivered a batch.
     pub fn open(data_dir: &Path, sink: &str) -> Result<Cursor, StoreError> {
         let conn = super::open(data_dir)?;
+        conn.execute("INSERT OR IGNORE INTO cursors (sink, seq) VALUES (?1, 0)", [sink])?;
         Ok(Cursor {
             conn,
             sink: sink.to_owned(),

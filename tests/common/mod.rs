@@ -543,11 +543,37 @@ impl Llmtap {
     }
 
     pub fn start_with_env(config: &str, data_dir: &Path, env: &[(&str, &str)]) -> Llmtap {
-        Self::start_with_stderr(config, data_dir, env, Stdio::inherit())
+        Self::spawn_with_stderr(config, data_dir, env, Stdio::inherit()).0
+    }
+
+    /// Start llmtap and collect its log (stderr) lines, for tests about what it logs.
+    pub fn start_capturing_log(config: &str, data_dir: &Path) -> (Llmtap, Arc<Mutex<Vec<String>>>) {
+        let (tap, stderr) = Self::spawn_with_stderr(config, data_dir, &[], Stdio::piped());
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        if let Some(stderr) = stderr {
+            let sink = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { return };
+                    eprintln!("{line}");
+                    sink.lock().unwrap().push(line);
+                }
+            });
+        }
+        (tap, lines)
     }
 
     /// As `start_with_env`, with llmtap's stderr (its log) sent to `stderr` (e.g. a file a test reads).
     pub fn start_with_stderr(config: &str, data_dir: &Path, env: &[(&str, &str)], stderr: Stdio) -> Llmtap {
+        Self::spawn_with_stderr(config, data_dir, env, stderr).0
+    }
+
+    fn spawn_with_stderr(
+        config: &str,
+        data_dir: &Path,
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> (Llmtap, Option<std::process::ChildStderr>) {
         std::fs::create_dir_all(data_dir).unwrap();
         let config_path = data_dir.join("llmtap-test.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -563,6 +589,7 @@ impl Llmtap {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut reader = BufReader::new(stdout);
@@ -585,13 +612,14 @@ impl Llmtap {
                     .and_then(|a| a.parse().ok())
             })
         };
-        Llmtap {
+        let tap = Llmtap {
             child: Some(child),
             addr,
             api_addr,
             data_dir: data_dir.to_owned(),
             config_path,
-        }
+        };
+        (tap, stderr)
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,6 +1,8 @@
 //! Sending one OTLP export request, and classifying failures exactly as the OTLP spec says: what may be retried
 //! (gRPC UNAVAILABLE & co., RESOURCE_EXHAUSTED only with RetryInfo; HTTP 429/502/503/504, connection failures),
-//! with the server's requested delay, and what must not be (everything else, and any partial success).
+//! with the server's requested delay, and what must not be (everything else, and any partial success). A refusal
+//! of our credentials (HTTP 401/403, gRPC UNAUTHENTICATED/PERMISSION_DENIED) is told apart: the driver pauses
+//! the sink instead of dropping data.
 
 use std::io::Write;
 use std::time::Duration;
@@ -20,25 +22,12 @@ use tonic::transport::Channel;
 use tonic_types::StatusExt;
 
 use crate::config::{OtlpConfig, OtlpProtocol};
+use crate::export::sink::{Accepted, SendError};
 
+/// The destination cannot be set up from its configuration.
 #[derive(Debug, thiserror::Error)]
-pub enum ExportError {
-    #[error("export failed, will retry: {message}")]
-    Retryable {
-        message: String,
-        retry_after: Option<Duration>,
-    },
-    #[error("export rejected, batch dropped: {message}")]
-    Permanent { message: String },
-    #[error("bad exporter configuration: {0}")]
-    Config(String),
-}
-
-/// Accepted, with how many spans the receiver rejected (a partial success, never retried).
-pub struct Accepted {
-    pub rejected: i64,
-    pub message: String,
-}
+#[error("bad exporter configuration: {0}")]
+pub struct ConfigError(String);
 
 pub enum Transport {
     Grpc(Box<(TraceServiceClient<Channel>, MetricsServiceClient<Channel>)>),
@@ -52,11 +41,11 @@ pub struct HttpTransport {
 }
 
 impl Transport {
-    pub fn new(cfg: &OtlpConfig) -> Result<Transport, ExportError> {
+    pub fn new(cfg: &OtlpConfig) -> Result<Transport, ConfigError> {
         match cfg.protocol {
             OtlpProtocol::Grpc => {
                 let endpoint = tonic::transport::Endpoint::from_shared(cfg.endpoint.clone())
-                    .map_err(|e| ExportError::Config(e.to_string()))?
+                    .map_err(|e| ConfigError(e.to_string()))?
                     .connect_timeout(cfg.timeout)
                     .timeout(cfg.timeout);
                 // Lazy: a receiver that is down at startup is retried like any other outage.
@@ -76,7 +65,7 @@ impl Transport {
                     rustls::crypto::ring::default_provider(),
                 ))
                 .with_safe_default_protocol_versions()
-                .map_err(|e| ExportError::Config(e.to_string()))?
+                .map_err(|e| ConfigError(e.to_string()))?
                 .with_root_certificates(roots)
                 .with_no_client_auth();
                 let https = hyper_rustls::HttpsConnectorBuilder::new()
@@ -87,7 +76,7 @@ impl Transport {
                 let uri = cfg
                     .endpoint
                     .parse()
-                    .map_err(|e: http::uri::InvalidUri| ExportError::Config(e.to_string()))?;
+                    .map_err(|e: http::uri::InvalidUri| ConfigError(e.to_string()))?;
                 Ok(Transport::Http(Box::new(HttpTransport {
                     client: Client::builder(TokioExecutor::new()).build(https),
                     uri,
@@ -97,16 +86,17 @@ impl Transport {
         }
     }
 
-    pub async fn send(&mut self, cfg: &OtlpConfig, req: ExportTraceServiceRequest) -> Result<Accepted, ExportError> {
+    pub async fn send(&self, cfg: &OtlpConfig, req: ExportTraceServiceRequest) -> Result<Accepted, SendError> {
         match self {
-            Transport::Grpc(c) => match c.0.export(grpc_request(cfg, req)).await {
+            // Clients are cheap handles on one shared channel: a clone per call keeps `send` shareable.
+            Transport::Grpc(c) => match c.0.clone().export(grpc_request(cfg, req)).await {
                 Ok(resp) => Ok(accepted(resp.into_inner())),
                 Err(status) => Err(classify_grpc(&status)),
             },
             Transport::Http(h) => {
                 let json = h.json;
                 let body = encode(&req, json)?;
-                let bytes = http_post(&h.client, cfg, h.uri.clone(), body, json).await?;
+                let bytes = http_post_within_timeout(&h.client, cfg, h.uri.clone(), body, json).await?;
                 let parsed = if json {
                     serde_json::from_slice::<ExportTraceServiceResponse>(&bytes).ok()
                 } else {
@@ -121,13 +111,9 @@ impl Transport {
     }
 
     /// The GenAI client metrics for a batch, to the same destination (`/v1/metrics` for HTTP).
-    pub async fn send_metrics(
-        &mut self,
-        cfg: &OtlpConfig,
-        req: ExportMetricsServiceRequest,
-    ) -> Result<(), ExportError> {
+    pub async fn send_metrics(&self, cfg: &OtlpConfig, req: ExportMetricsServiceRequest) -> Result<(), SendError> {
         match self {
-            Transport::Grpc(c) => match c.1.export(grpc_request(cfg, req)).await {
+            Transport::Grpc(c) => match c.1.clone().export(grpc_request(cfg, req)).await {
                 Ok(r) => {
                     let _: ExportMetricsServiceResponse = r.into_inner();
                     Ok(())
@@ -141,17 +127,21 @@ impl Transport {
                     None => format!("{}/v1/metrics", text.trim_end_matches('/')),
                 }
                 .parse()
-                .map_err(|e: http::uri::InvalidUri| ExportError::Config(e.to_string()))?;
+                .map_err(|e: http::uri::InvalidUri| SendError::Rejected {
+                    message: format!("no metrics URL: {e}"),
+                })?;
                 let body = encode(&req, h.json)?;
-                http_post(&h.client, cfg, metrics_uri, body, h.json).await.map(|_| ())
+                http_post_within_timeout(&h.client, cfg, metrics_uri, body, h.json)
+                    .await
+                    .map(|_| ())
             }
         }
     }
 }
 
-fn encode<T: prost::Message + serde::Serialize>(req: &T, json: bool) -> Result<Vec<u8>, ExportError> {
+fn encode<T: prost::Message + serde::Serialize>(req: &T, json: bool) -> Result<Vec<u8>, SendError> {
     if json {
-        serde_json::to_vec(req).map_err(|e| ExportError::Permanent { message: e.to_string() })
+        serde_json::to_vec(req).map_err(|e| SendError::Rejected { message: e.to_string() })
     } else {
         Ok(req.encode_to_vec())
     }
@@ -171,6 +161,20 @@ fn grpc_request<T>(cfg: &OtlpConfig, body: T) -> tonic::Request<T> {
     request
 }
 
+/// `http_post` with `timeout` over the whole exchange, response body included. Only the response head had a
+/// timeout: a receiver that sent its headers and never finished the body held the sink (and its cursor) forever.
+async fn http_post_within_timeout(
+    client: &Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    cfg: &OtlpConfig,
+    uri: http::Uri,
+    body: Vec<u8>,
+    json: bool,
+) -> Result<Bytes, SendError> {
+    tokio::time::timeout(cfg.timeout, http_post(client, cfg, uri, body, json))
+        .await
+        .unwrap_or_else(|_| Err(retry("timed out", None)))
+}
+
 /// POST one OTLP/HTTP body; the response body on 2xx, a classified error otherwise.
 async fn http_post(
     client: &Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
@@ -178,7 +182,7 @@ async fn http_post(
     uri: http::Uri,
     body: Vec<u8>,
     json: bool,
-) -> Result<Bytes, ExportError> {
+) -> Result<Bytes, SendError> {
     let content_type = if json {
         "application/json"
     } else {
@@ -198,28 +202,37 @@ async fn http_post(
     }
     let request = builder
         .body(Full::new(Bytes::from(body)))
-        .map_err(|e| ExportError::Config(e.to_string()))?;
-    let resp = match tokio::time::timeout(cfg.timeout, client.request(request)).await {
-        Err(_) => return Err(retry("timed out", None)),
-        Ok(Err(e)) => return Err(retry(&format!("connection failed: {e}"), None)),
-        Ok(Ok(r)) => r,
-    };
+        .map_err(|e| SendError::Rejected {
+            message: format!("cannot build the request: {e}"),
+        })?;
+    let resp = client
+        .request(request)
+        .await
+        .map_err(|e| retry(&format!("connection failed: {e}"), None))?;
     let status = resp.status().as_u16();
     let retry_after = resp
         .headers()
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
         .and_then(parse_retry_after);
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+    if matches!(status, 401 | 403) {
+        // The body is not read: it may echo the credentials we sent.
+        return Err(SendError::Unauthorized {
+            message: format!("HTTP {status}"),
+        });
+    }
+    let bytes = match resp.into_body().collect().await {
+        Ok(c) => c.to_bytes(),
+        // A body cut off mid-way: whether the receiver took the batch is unknown, so it is sent again.
+        Err(e) if (200..=299).contains(&status) => {
+            return Err(retry(&format!("HTTP {status}, response body failed: {e}"), None));
+        }
+        Err(_) => Bytes::new(),
+    };
     match status {
         200..=299 => Ok(bytes),
         429 | 502 | 503 | 504 => Err(retry(&format!("HTTP {status}"), retry_after)),
-        _ => Err(ExportError::Permanent {
+        _ => Err(SendError::Rejected {
             message: format!(
                 "HTTP {status}: {}",
                 String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
@@ -228,8 +241,8 @@ async fn http_post(
     }
 }
 
-fn retry(message: &str, retry_after: Option<Duration>) -> ExportError {
-    ExportError::Retryable {
+fn retry(message: &str, retry_after: Option<Duration>) -> SendError {
+    SendError::Retryable {
         message: message.to_owned(),
         retry_after,
     }
@@ -238,7 +251,7 @@ fn retry(message: &str, retry_after: Option<Duration>) -> ExportError {
 fn accepted(resp: ExportTraceServiceResponse) -> Accepted {
     match resp.partial_success {
         Some(p) => Accepted {
-            rejected: p.rejected_spans,
+            rejected: p.rejected_spans.max(0) as u64,
             message: p.error_message,
         },
         None => Accepted {
@@ -248,7 +261,7 @@ fn accepted(resp: ExportTraceServiceResponse) -> Accepted {
     }
 }
 
-fn classify_grpc(status: &tonic::Status) -> ExportError {
+fn classify_grpc(status: &tonic::Status) -> SendError {
     use tonic::Code;
     let delay = status.get_details_retry_info().and_then(|r| r.retry_delay);
     let message = format!("{:?}: {}", status.code(), status.message());
@@ -270,7 +283,11 @@ fn classify_grpc(status: &tonic::Status) -> ExportError {
         | Code::Unavailable
         | Code::DataLoss => retry(&message, delay),
         Code::ResourceExhausted if delay.is_some() => retry(&message, delay),
-        _ => ExportError::Permanent { message },
+        // The status message is the server's: it may echo what we sent.
+        Code::Unauthenticated | Code::PermissionDenied => SendError::Unauthorized {
+            message: format!("{:?}", status.code()),
+        },
+        _ => SendError::Rejected { message },
     }
 }
 
