@@ -20,6 +20,7 @@ pub mod app;
 pub mod capture;
 pub mod cli;
 pub mod config;
+pub mod cost;
 pub mod derive;
 pub mod export;
 pub mod model;
