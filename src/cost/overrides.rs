@@ -79,7 +79,10 @@ pub struct Override {
 
 impl Override {
     pub fn matches(&self, provider: &str, model: &str) -> bool {
-        let provider_ok = self.provider.as_deref().is_none_or(|p| p == provider.trim().to_lowercase());
+        let provider_ok = self
+            .provider
+            .as_deref()
+            .is_none_or(|p| p == provider.trim().to_lowercase());
         let model = model.trim().to_lowercase();
         let model_ok = if self.prefix {
             model.starts_with(&self.model)
@@ -156,8 +159,14 @@ mod tests {
     #[test]
     fn floats_are_read_as_the_decimals_written() {
         let o = p("[[prices]]\nmodel = \"m\"\ninput_mtok = 0.3\noutput_mtok = \"1.2\"\ncache_read_mtok = 3\n").unwrap();
-        assert_eq!(o[0].prices.input_mtok, Some(Price::Flat(Decimal::from_str("0.3").unwrap())));
-        assert_eq!(o[0].prices.output_mtok, Some(Price::Flat(Decimal::from_str("1.2").unwrap())));
+        assert_eq!(
+            o[0].prices.input_mtok,
+            Some(Price::Flat(Decimal::from_str("0.3").unwrap()))
+        );
+        assert_eq!(
+            o[0].prices.output_mtok,
+            Some(Price::Flat(Decimal::from_str("1.2").unwrap()))
+        );
         assert_eq!(o[0].prices.cache_read_mtok, Some(Price::Flat(Decimal::from(3))));
     }
 

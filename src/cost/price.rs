@@ -45,7 +45,9 @@ impl Price {
     fn is_valid(&self) -> bool {
         match self {
             Price::Flat(p) => !p.is_sign_negative(),
-            Price::Tiered { base, tiers } => !base.is_sign_negative() && tiers.iter().all(|t| !t.price.is_sign_negative()),
+            Price::Tiered { base, tiers } => {
+                !base.is_sign_negative() && tiers.iter().all(|t| !t.price.is_sign_negative())
+            }
         }
     }
 }
@@ -165,11 +167,14 @@ pub fn breakdown(prices: &ModelPrices, usage: &Usage, model_id: &str) -> Result<
         if tokens == 0 {
             return Ok(Decimal::ZERO);
         }
-        let price = own.as_ref().or(parent.as_ref()).ok_or_else(|| UnknownCost::MissingPrice {
-            model_id: model_id.to_owned(),
-            kind,
-            tokens,
-        })?;
+        let price = own
+            .as_ref()
+            .or(parent.as_ref())
+            .ok_or_else(|| UnknownCost::MissingPrice {
+                model_id: model_id.to_owned(),
+                kind,
+                tokens,
+            })?;
         // tokens × $/Mtok ÷ 10⁶: dividing by a power of ten only moves the decimal point, so this is exact.
         price
             .per_mtok(prompt)
@@ -183,7 +188,12 @@ pub fn breakdown(prices: &ModelPrices, usage: &Usage, model_id: &str) -> Result<
     let cache_read = part("cache read", cache_read, &prices.cache_read_mtok, &prices.input_mtok)?;
     let cache_write = part("cache write", cache_write, &prices.cache_write_mtok, &prices.input_mtok)?;
     let output = part("output", plain_output, &prices.output_mtok, &None)?;
-    let reasoning = part("reasoning", reasoning, &prices.output_reasoning_mtok, &prices.output_mtok)?;
+    let reasoning = part(
+        "reasoning",
+        reasoning,
+        &prices.output_reasoning_mtok,
+        &prices.output_mtok,
+    )?;
     let total = [input, cache_read, cache_write, output, reasoning]
         .into_iter()
         .try_fold(Decimal::ZERO, Decimal::checked_add)

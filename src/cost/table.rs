@@ -242,7 +242,10 @@ mod tests {
     }
 
     fn model_with(periods: &str) -> Model {
-        serde_json::from_str(&format!(r#"{{"id": "m", "match": {{"equals": "m"}}, "prices": {periods}}}"#)).unwrap()
+        serde_json::from_str(&format!(
+            r#"{{"id": "m", "match": {{"equals": "m"}}, "prices": {periods}}}"#
+        ))
+        .unwrap()
     }
 
     fn micros(rfc3339: &str) -> UnixMicros {
@@ -256,8 +259,14 @@ mod tests {
                 {"constraint": {"start_date": "2025-06-01"}, "prices": {"input_mtok": "2"}}]"#,
         );
         let input = |at| m.prices_at(micros(at)).unwrap().input_mtok.clone();
-        assert_eq!(input("2025-05-31T23:59:59Z"), Some(super::super::price::Price::Flat(1.into())));
-        assert_eq!(input("2025-06-01T00:00:00Z"), Some(super::super::price::Price::Flat(2.into())));
+        assert_eq!(
+            input("2025-05-31T23:59:59Z"),
+            Some(super::super::price::Price::Flat(1.into()))
+        );
+        assert_eq!(
+            input("2025-06-01T00:00:00Z"),
+            Some(super::super::price::Price::Flat(2.into()))
+        );
     }
 
     #[test]
@@ -267,8 +276,17 @@ mod tests {
                 {"constraint": {"start_time": "16:30:00", "end_time": "00:30:00"}, "prices": {"input_mtok": "5"}}]"#,
         );
         let input = |at| m.prices_at(micros(at)).unwrap().input_mtok.clone();
-        assert_eq!(input("2025-01-01T23:00:00Z"), Some(super::super::price::Price::Flat(5.into())));
-        assert_eq!(input("2025-01-01T00:29:59Z"), Some(super::super::price::Price::Flat(5.into())));
-        assert_eq!(input("2025-01-01T00:30:00Z"), Some(super::super::price::Price::Flat(1.into())));
+        assert_eq!(
+            input("2025-01-01T23:00:00Z"),
+            Some(super::super::price::Price::Flat(5.into()))
+        );
+        assert_eq!(
+            input("2025-01-01T00:29:59Z"),
+            Some(super::super::price::Price::Flat(5.into()))
+        );
+        assert_eq!(
+            input("2025-01-01T00:30:00Z"),
+            Some(super::super::price::Price::Flat(1.into()))
+        );
     }
 }
