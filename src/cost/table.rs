@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, LazyLock};
 
-use chrono::{DateTime, NaiveDate, NaiveTime, Timelike};
+use chrono::{DateTime, NaiveDate, NaiveTime};
 use serde::{Deserialize, Deserializer};
 
 use super::matcher::Matcher;
@@ -35,9 +35,8 @@ pub struct PriceData {
 struct Provider {
     id: String,
     provider_match: Option<Matcher>,
-    /// Kept in the data for completeness; llmtap always knows the provider, so it never guesses one from the model.
-    #[allow(dead_code)]
-    model_match: Option<Matcher>,
+    // `model_match` (guessing the provider from a model name) is in the data but not read: llmtap always knows
+    // the provider, and a self-hosted model must not be priced as the vendor's.
     fallback_model_providers: Vec<String>,
     models: Vec<Model>,
 }
@@ -172,6 +171,7 @@ impl Model {
     /// The prices in effect at `at`: the last period whose constraint holds, else the first (genai-prices' rule;
     /// the data lists a model's original price first and later changes after it).
     pub fn prices_at(&self, at: UnixMicros) -> Option<&ModelPrices> {
+        // Out of chrono's range (±262 000 years) cannot be a real call time; the epoch picks the first period.
         let when = DateTime::from_timestamp_micros(at).unwrap_or_default();
         self.prices
             .iter()
@@ -180,7 +180,7 @@ impl Model {
                 None => true,
                 Some(Constraint::StartDate { start_date }) => when.date_naive() >= *start_date,
                 Some(Constraint::TimeOfDay { start_time, end_time }) => {
-                    let t = when.time().with_nanosecond(0).unwrap_or_default();
+                    let t = when.time();
                     if end_time < start_time {
                         t >= *start_time || t < *end_time
                     } else {
