@@ -21,6 +21,7 @@ pub mod background;
 pub mod capture;
 pub mod cli;
 pub mod config;
+pub mod cost;
 pub mod derive;
 pub mod export;
 pub mod model;
