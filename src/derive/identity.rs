@@ -230,3 +230,137 @@ impl Resolver {
         self.failed_roots.retain(|_, owner| owner != trajectory_id);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::derive::testkit::*;
+    use serde_json::json;
+
+    #[test]
+    fn call_one_keys_from_its_output_and_call_two_from_the_echo() {
+        let first = call("Be brief.", vec![user("Fix the bug")], text_out("Looking."));
+        let second = call(
+            "Be brief.",
+            vec![user("Fix the bug"), assistant("Looking."), user("go on")],
+            text_out("Done."),
+        );
+        let (a, b) = (
+            root_keys("", &first, CallIds::Stable),
+            root_keys("", &second, CallIds::Stable),
+        );
+        assert_eq!(a.root, b.root);
+        assert_eq!(a.prefix, b.prefix);
+        assert!(!a.has_assistant && b.has_assistant);
+        assert_eq!(a.first_user_text, "Fix the bug\n");
+        // Another first answer is another conversation; another session scope is too.
+        let other = call("Be brief.", vec![user("Fix the bug")], text_out("No."));
+        assert_ne!(root_keys("", &other, CallIds::Stable).root, a.root);
+        assert_ne!(root_keys("s1", &first, CallIds::Stable).root, a.root);
+    }
+
+    #[test]
+    fn tool_call_ids_are_preferred_over_text() {
+        let turn = |text: &str, id: &str| Message {
+            role: Role::Assistant,
+            parts: vec![
+                Part::Text { text: text.into() },
+                Part::ToolCall(tool_call(id, "read", json!({"path": "a.rs"}))),
+            ],
+        };
+        let key = |m: &Message| assistant_key(m, CallIds::Stable);
+        assert_eq!(key(&turn("Let me read it.", "call_1")), "calls:call_1");
+        assert_eq!(key(&turn("Reading a.rs", "call_1")), key(&turn("Let me read it.", "call_1")));
+        assert_ne!(key(&turn("Let me read it.", "call_2")), key(&turn("Let me read it.", "call_1")));
+        assert_eq!(key(&assistant("  Hello \n")), "text:Hello");
+    }
+
+    #[test]
+    fn echo_imperfections_do_not_change_the_root() {
+        let out = Output {
+            text: Some("Reading. ".into()),
+            reasoning: Some("the user wants a.rs".into()),
+            tool_calls: vec![tool_call("c1", "read", json!({"path": "a.rs", "limit": 10}))],
+            ..Output::default()
+        };
+        let echo = Message {
+            role: Role::Assistant,
+            parts: vec![
+                Part::Text { text: "Reading.".into() },
+                Part::ToolCall(tool_call("c1", "read", json!({"limit": 10.0, "path": "a.rs"}))),
+            ],
+        };
+        let first = call("", vec![user("read a.rs")], out);
+        let second = call("", vec![user("read a.rs"), echo, result("c1", "fn a() {}")], text_out("ok"));
+        for ids in [CallIds::Stable, CallIds::ClientAssigned] {
+            assert_eq!(root_keys("", &first, ids).root, root_keys("", &second, ids).root, "{ids:?}");
+        }
+    }
+
+    #[test]
+    fn client_assigned_ids_key_by_name_and_canonical_arguments() {
+        let a = tool_call("pyd_ai_1", "get_weather", json!({"city": "Paris"}));
+        let b = tool_call("gemini:0:0", "get_weather", json!({"city": "Paris"}));
+        assert_eq!(call_key(&a, CallIds::ClientAssigned), "get_weather#a1635b3de2bb6194");
+        assert_eq!(call_key(&b, CallIds::ClientAssigned), call_key(&a, CallIds::ClientAssigned));
+        assert_eq!(call_key(&a, CallIds::Stable), "pyd_ai_1");
+        assert_eq!(CallIds::of(Api::GeminiGenerateContent), CallIds::ClientAssigned);
+        assert_eq!(CallIds::of(Api::AnthropicMessages), CallIds::Stable);
+    }
+
+    #[test]
+    fn native_ids_name_the_trajectory() {
+        let mut r = Resolver::default();
+        let mut c = call("", vec![user("hi")], text_out("hello"));
+        c.conversation_id = Some("conv_1".into());
+        let by_conv = r.resolve("", &c, CallIds::Stable, |_| false);
+        assert_eq!(by_conv, format!("tr_{}", short_hash("conv\u{1}conv_1".as_bytes())));
+        c.conversation_id = None;
+        c.previous_response_id = Some("resp_9".into());
+        // An unknown previous response is named by itself; a known one by its trajectory.
+        assert_eq!(
+            r.resolve("", &c, CallIds::Stable, |_| false),
+            format!("tr_{}", short_hash("resp\u{1}resp_9".as_bytes()))
+        );
+        r.remember_response("resp_9", "tr_owner");
+        assert_eq!(r.resolve("", &c, CallIds::Stable, |_| false), "tr_owner");
+        r.forget("tr_owner");
+        assert_ne!(r.resolve("", &c, CallIds::Stable, |_| false), "tr_owner");
+    }
+
+    #[test]
+    fn a_retry_of_a_failed_first_call_joins_its_trajectory() {
+        let mut r = Resolver::default();
+        let failed = call("sys", vec![user("task")], Output::default());
+        let failed_id = r.resolve("", &failed, CallIds::Stable, |_| false);
+        assert_eq!(failed_id, format!("tr_{}", root_keys("", &failed, CallIds::Stable).root));
+        let retry = call("sys", vec![user("task")], text_out("answer"));
+        let open = failed_id.clone();
+        assert_eq!(r.resolve("", &retry, CallIds::Stable, |id| id == open), failed_id);
+        // Later calls echo the retry's answer: the alias keeps them in the failed call's trajectory.
+        let later = call("sys", vec![user("task"), assistant("answer"), user("more")], text_out("x"));
+        assert_eq!(r.resolve("", &later, CallIds::Stable, |id| id == open), failed_id);
+    }
+
+    #[test]
+    fn a_warmup_is_its_own_trajectory() {
+        let mut r = Resolver::default();
+        let mut c = call("sys", vec![user("task")], text_out("a"));
+        let real = r.resolve("", &c, CallIds::Stable, |_| false);
+        c.max_output_tokens = Some(1);
+        assert!(is_warmup(&c));
+        let warm = r.resolve("", &c, CallIds::Stable, |_| false);
+        let root = root_keys("", &c, CallIds::Stable).root;
+        assert_eq!(warm, format!("tr_{}", short_hash(format!("warmup\u{1}{root}").as_bytes())));
+        assert_ne!(warm, real);
+        c.max_output_tokens = Some(2);
+        assert!(!is_warmup(&c));
+    }
+
+    #[test]
+    fn system_prompt_hash_shape() {
+        let h = system_prompt_hash("You are helpful.");
+        assert_eq!(h, format!("sp_{}", short_hash(b"You are helpful.")));
+        assert_eq!(h, system_prompt_hash("You are helpful.\n"));
+    }
+}
