@@ -176,3 +176,106 @@ fn summarize(content: &str) -> String {
     let cut: String = line.chars().take(OUTPUT_SUMMARY_CHARS).collect();
     format!("{cut}…")
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::capture::Api;
+    use crate::derive::testkit::*;
+    use crate::model::call::Part;
+    use serde_json::json;
+
+    #[test]
+    fn results_join_their_call_by_id_with_the_time_in_between_as_duration() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let read = tool_call("call_1", "read_file", json!({"path": "src/a.py"}));
+        let first = h.send_after(call("", vec![user("fix a.py")], calls_out(&[read.clone()])), 2_500_000);
+        let second = h.send(call(
+            "",
+            vec![user("fix a.py"), calls(&[read]), result("call_1", "x = 1\ny = 2\n")],
+            text_out("done"),
+        ));
+        assert_eq!(second.trajectory_id, first.trajectory_id);
+        // Records: the updated step 1, then the new agent step 2.
+        let updated = &second.steps[0];
+        assert_eq!(updated.step_id, format!("{}/1", first.trajectory_id));
+        assert_eq!(updated.observations.len(), 1);
+        assert_eq!(updated.observations[0].source_call_id, "call_1");
+        assert_eq!(updated.observations[0].content.as_deref(), Some("x = 1\ny = 2\n"));
+        assert_eq!(updated.observations[0].output_summary.as_deref(), Some("x = 1\ny = 2"));
+        assert_eq!(updated.observations[0].error, None);
+        // Response 1 ended at 1 s, request 2 arrived at 3.5 s.
+        assert_eq!(updated.tool_calls[0].duration_ms, Some(2500));
+        // A file-reading tool's result is a snippet with the path and line range from the arguments.
+        let sn = &updated.snippets[0];
+        assert_eq!((sn.file_path.as_deref(), sn.start_line, sn.end_line), (Some("src/a.py"), Some(1), Some(2)));
+        assert_eq!(second.agent().step_index, 2);
+    }
+
+    #[test]
+    fn parallel_results_re_emit_their_step_once_with_all_observations() {
+        let mut h = Harness::new(Api::AnthropicMessages);
+        let a = tool_call("toolu_a", "weather", json!({"city": "Paris"}));
+        let b = tool_call("toolu_b", "weather", json!({"city": "Rome"}));
+        h.send(call("", vec![user("weather?")], calls_out(&[a.clone(), b.clone()])));
+        let mut res = results(&[("toolu_b", None, "rain"), ("toolu_a", None, "sun")]);
+        if let Part::ToolResult { is_error, .. } = &mut res.parts[0] {
+            *is_error = true;
+        }
+        let out = h.send(call("", vec![user("weather?"), calls(&[a, b]), res], text_out("ok")));
+        assert_eq!(out.steps.len(), 2, "one updated step, one new agent step");
+        let obs = &out.steps[0].observations;
+        let got: Vec<(&str, Option<&str>)> = obs
+            .iter()
+            .map(|o| (o.source_call_id.as_str(), o.error.as_deref()))
+            .collect();
+        assert_eq!(got, [("toolu_b", Some("tool_error")), ("toolu_a", None)]);
+    }
+
+    #[test]
+    fn gemini_results_without_provider_ids_match_open_calls_by_name_and_order() {
+        let mut h = Harness::new(Api::GeminiGenerateContent);
+        // The adapter numbers Gemini's calls; the client echoes them with ids of its own.
+        let out = calls_out(&[
+            tool_call("gemini:1:0", "get_weather", json!({"city": "Paris"})),
+            tool_call("gemini:1:1", "get_weather", json!({"city": "Rome"})),
+        ]);
+        let first = h.send(call("", vec![user("weather?")], out));
+        let echo = calls(&[
+            tool_call("pyd_1", "get_weather", json!({"city": "Paris"})),
+            tool_call("pyd_2", "get_weather", json!({"city": "Rome"})),
+        ]);
+        let res = results(&[
+            ("pyd_1", Some("get_weather"), "sunny"),
+            ("pyd_2", Some("get_weather"), "rainy"),
+        ]);
+        let second = h.send(call("", vec![user("weather?"), echo, res], text_out("ok")));
+        assert_eq!(second.trajectory_id, first.trajectory_id);
+        let got: Vec<(&str, Option<&str>)> = second.steps[0]
+            .observations
+            .iter()
+            .map(|o| (o.source_call_id.as_str(), o.content.as_deref()))
+            .collect();
+        assert_eq!(got, [("gemini:1:0", Some("sunny")), ("gemini:1:1", Some("rainy"))]);
+    }
+
+    #[test]
+    fn a_result_for_no_open_call_changes_nothing() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let out = h.send(call(
+            "",
+            vec![user("x"), calls(&[tool_call("call_9", "f", json!({}))]), result("call_9", "r")],
+            text_out("ok"),
+        ));
+        assert_eq!(out.steps.len(), 1);
+        assert!(out.agent().observations.is_empty());
+    }
+
+    #[test]
+    fn long_results_are_summarized() {
+        let long = "a".repeat(250);
+        let s = super::summarize(&format!("  {long} "));
+        assert_eq!(s.chars().count(), 201);
+        assert!(s.ends_with('…'));
+        assert_eq!(super::summarize(" short "), "short");
+    }
+}

@@ -206,3 +206,102 @@ pub fn status(trace: &ProviderTrace, call: &NormalizedCall) -> (&'static str, Op
         _ => ("ok", None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::Api;
+    use crate::derive::testkit::*;
+    use crate::model::call::CallError;
+    use serde_json::json;
+
+    #[test]
+    fn step_index_counts_assistant_and_user_turns_and_user_steps_are_only_new_text() {
+        let c = call(
+            "",
+            vec![
+                user("task"),
+                calls(&[tool_call("c1", "read", json!({}))]),
+                result("c1", "x"),
+                user("also check b.rs"),
+            ],
+            text_out("ok"),
+        );
+        // user 0, assistant 1, tool result (no step), user 2, this call's agent step 3.
+        let idx = StepIndexes::count(&c, 3, 0);
+        assert_eq!(
+            idx,
+            StepIndexes {
+                user: vec![(2, "also check b.rs".into())],
+                agent: 3
+            }
+        );
+        // Server-side state: the request holds only the new turn, counted from where the trajectory is.
+        assert_eq!(StepIndexes::count(&c, 3, 10).agent, 13);
+        // The first call of a conversation: its user turn is a step.
+        let first = call("", vec![user("task")], text_out("ok"));
+        assert_eq!(StepIndexes::count(&first, 0, 0).user, vec![(0, "task".to_owned())]);
+    }
+
+    #[test]
+    fn status_prefers_cancellation_then_provider_error_then_http_status() {
+        let mut t = trace(Api::OpenAiChat, T0, T0 + 1);
+        let mut c = call("", vec![user("x")], text_out("y"));
+        assert_eq!(status(&t, &c), ("ok", None));
+        t.status = Some(429);
+        assert_eq!(status(&t, &c), ("error", Some("http_429".into())));
+        c.error = Some(CallError {
+            kind: "rate_limit_exceeded".into(),
+            message: "slow down".into(),
+        });
+        assert_eq!(status(&t, &c), ("error", Some("rate_limit_exceeded: slow down".into())));
+        t.outcome = Outcome::ClientGone;
+        assert_eq!(status(&t, &c).0, "cancelled");
+    }
+
+    #[test]
+    fn call_type_is_warmup_then_subagent_then_main() {
+        let parent = ParentLink {
+            trajectory_id: "tr_p".into(),
+            step_index: 1,
+            tool_call_id: "c1".into(),
+            agent_role: None,
+        };
+        let mut c = call("", vec![user("x")], text_out("y"));
+        assert_eq!(call_type(&c, None), CallType::Main);
+        assert_eq!(call_type(&c, Some(&parent)), CallType::Subagent);
+        c.max_output_tokens = Some(1);
+        assert_eq!(call_type(&c, Some(&parent)), CallType::Warmup);
+    }
+
+    #[test]
+    fn agent_step_carries_the_call_and_a_retry_gets_its_own_id() {
+        let t = trace(Api::OpenAiChat, T0, T0 + 1_500_000);
+        let c = call("", vec![user("x")], text_out("Here:\n```rust\nfn a() {}\n```"));
+        let base = StepBase {
+            traj_id: "tr_1",
+            trace: &t,
+            sp_hash: None,
+            tools: vec!["read".into()],
+            parent: None,
+            call_type: CallType::Main,
+        };
+        let reuse = Reuse {
+            tokens: 7,
+            estimated: true,
+        };
+        let s = base.agent_step(&c, 1, 1, reuse);
+        assert_eq!(s.step_id, "tr_1/1");
+        assert_eq!(s.model.as_deref(), Some("openai/m-1"));
+        assert_eq!(s.agent_role.as_deref(), Some("main"));
+        assert_eq!(s.tools_available, ["read"]);
+        assert_eq!((s.token_usage.input_tokens, s.token_usage.prefix_reuse_tokens), (100, 7));
+        assert!(s.token_usage.prefix_reuse_estimated);
+        assert_eq!(s.snippets[0].language.as_deref(), Some("rust"));
+        assert_eq!(s.timings.as_ref().map(|t| t.duration_ms), Some(1500.0));
+        assert_eq!(base.agent_step(&c, 1, 2, reuse).step_id, "tr_1/1#2");
+        let u = base.user_step(0, "x".into());
+        assert_eq!((u.role, u.content.as_deref()), (StepRole::User, Some("x")));
+        assert!(u.tools_available.is_empty());
+    }
+}
