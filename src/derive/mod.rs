@@ -228,3 +228,113 @@ fn call_steps(
     traj.keep_live_steps(&agent);
     CallSteps { user, agent, summary }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::capture::Api;
+    use crate::model::step::CallType;
+    use crate::store::Record;
+    use serde_json::json;
+
+    use super::testkit::*;
+
+    #[test]
+    fn every_call_of_one_conversation_gets_the_same_trajectory() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let read = tool_call("call_1", "read", json!({"path": "a.rs"}));
+        let a = h.send(call("sys", vec![user("fix it")], calls_out(&[read.clone()])));
+        let b = h.send(call("sys", vec![user("fix it"), calls(&[read.clone()]), result("call_1", "x")], text_out("done")));
+        let c = h.send(call(
+            "sys",
+            vec![user("fix it"), calls(&[read]), result("call_1", "x"), assistant("done"), user("thanks")],
+            text_out(":)"),
+        ));
+        assert!(a.trajectory_id.starts_with("tr_") && a.trajectory_id.len() == 19);
+        assert_eq!((b.trajectory_id.as_str(), c.trajectory_id.as_str()), (a.trajectory_id.as_str(), a.trajectory_id.as_str()));
+        let indexes: Vec<(u32, crate::model::step::StepRole)> = [&a, &b, &c]
+            .iter()
+            .flat_map(|o| o.steps.iter().map(|s| (s.step_index, s.role)))
+            .collect();
+        use crate::model::step::StepRole::{Agent, User};
+        // a: user 0, agent 1; b: step 1 updated, agent 2; c: user 3, agent 4.
+        assert_eq!(indexes, [(0, User), (1, Agent), (1, Agent), (2, Agent), (3, User), (4, Agent)]);
+        assert_eq!((c.summary.llm_calls, c.summary.steps), (3, 5));
+        // Exact prefix reuse: c extends b's prompt and output.
+        assert_eq!(c.agent().token_usage.prefix_reuse_tokens, 110);
+        assert!(!c.agent().token_usage.prefix_reuse_estimated);
+    }
+
+    #[test]
+    fn the_same_call_sent_twice_keeps_both_attempts() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let first = h.send(call("", vec![user("hi")], text_out("hello")));
+        let again = h.send(call("", vec![user("hi")], text_out("hello")));
+        assert_eq!(again.trajectory_id, first.trajectory_id);
+        assert_eq!(first.agent().step_id, format!("{}/1", first.trajectory_id));
+        assert_eq!(again.agent().step_id, format!("{}/1#2", first.trajectory_id));
+    }
+
+    #[test]
+    fn a_warmup_is_a_one_call_side_trajectory_whose_calls_wait_for_nothing() {
+        let mut h = Harness::new(Api::AnthropicMessages);
+        let mut warm = call("sys", vec![user("task")], calls_out(&[tool_call("toolu_w", "read", json!({}))]));
+        warm.max_output_tokens = Some(1);
+        let w = h.send(warm);
+        assert_eq!(w.agent().call_type, Some(CallType::Warmup));
+        assert_eq!(w.summary.call_types, ["warmup"]);
+        let real = h.send(call("sys", vec![user("task")], text_out("working")));
+        assert_ne!(real.trajectory_id, w.trajectory_id);
+        assert_eq!(real.agent().call_type, Some(CallType::Main));
+        // At close the warmup's tool call is not reported as unanswered.
+        let closed = split_all(h.deriver.close_all());
+        let no_result: Vec<_> = closed.iter().filter(|r| matches!(r, Record::Step(_))).collect();
+        assert!(no_result.is_empty());
+    }
+
+    #[test]
+    fn idle_close_marks_unanswered_calls_no_result_in_call_order() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let calls = [
+            tool_call("call_b", "f", json!({})),
+            tool_call("call_a", "g", json!({})),
+        ];
+        let out = h.send(call("", vec![user("go")], calls_out(&calls)));
+        let last_end = T0 + 1_000_000;
+        let idle = 30 * 60 * 1_000_000;
+        assert!(h.deriver.close_idle(last_end + idle).is_empty(), "not idle yet at exactly the timeout");
+        let records = h.deriver.close_idle(last_end + idle + 1);
+        let [Record::Step(step), Record::Trajectory(summary)] = &records[..] else {
+            panic!("expected the step and the closed summary, got {} records", records.len());
+        };
+        assert_eq!(step.step_id, out.agent().step_id);
+        let got: Vec<(&str, Option<&str>, Option<&str>)> = step
+            .observations
+            .iter()
+            .map(|o| (o.source_call_id.as_str(), o.content.as_deref(), o.error.as_deref()))
+            .collect();
+        assert_eq!(got, [("call_b", None, Some("no_result")), ("call_a", None, Some("no_result"))]);
+        assert!(summary.closed);
+        assert_eq!(summary.trajectory_id, out.trajectory_id);
+        assert!(h.deriver.close_all().is_empty());
+        // A result arriving after close is joined to nothing.
+        assert!(h.deriver.state.call_owner.is_empty());
+    }
+
+    #[test]
+    fn a_trace_without_a_call_passes_through() {
+        let mut d = super::Deriver::new(crate::config::DeriveConfig::default());
+        let records = d.observe(crate::pipeline::process::Processed {
+            trace: trace(Api::Other, T0, T0 + 1),
+            call: None,
+            errors: Vec::new(),
+        });
+        let [Record::Trace(t)] = &records[..] else {
+            panic!("expected the trace alone");
+        };
+        assert_eq!(t.trajectory_id, None);
+    }
+
+    fn split_all(records: Vec<Record>) -> Vec<Record> {
+        records.into_iter().filter(|r| !matches!(r, Record::Trajectory(_))).collect()
+    }
+}

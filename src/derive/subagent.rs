@@ -197,3 +197,99 @@ fn string_leaves(v: &Value) -> Vec<String> {
         _ => Vec::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::capture::Api;
+    use crate::derive::testkit::*;
+    use crate::model::step::CallType;
+    use serde_json::json;
+
+    const PROMPT: &str = "Find every caller of parse_token in src/ and list them";
+
+    #[test]
+    fn a_new_root_whose_prompt_is_a_delegation_tools_argument_is_its_sub_agent() {
+        let mut h = Harness::new(Api::AnthropicMessages);
+        let task = tool_call("toolu_t", "Task", json!({"subagent_type": "explorer", "prompt": PROMPT}));
+        let parent = h.send(call("main agent", vec![user("refactor parse_token")], calls_out(&[task])));
+        let child = h.send(call("explorer agent", vec![user(PROMPT)], text_out("3 callers")));
+        assert_ne!(child.trajectory_id, parent.trajectory_id);
+        let s = child.agent();
+        assert_eq!(s.call_type, Some(CallType::Subagent));
+        assert_eq!(s.parent_trajectory_id.as_deref(), Some(parent.trajectory_id.as_str()));
+        assert_eq!(s.parent_step, Some(1));
+        assert_eq!(s.parent_tool_call_id.as_deref(), Some("toolu_t"));
+        assert_eq!(s.agent_role.as_deref(), Some("explorer"));
+        assert_eq!(child.summary.parent_trajectory_id, s.parent_trajectory_id);
+        // The child's later calls stay sub-agent steps.
+        let again = h.send(call(
+            "explorer agent",
+            vec![user(PROMPT), assistant("3 callers"), user("and tests?")],
+            text_out("none"),
+        ));
+        assert_eq!(again.trajectory_id, child.trajectory_id);
+        assert_eq!(again.agent().call_type, Some(CallType::Subagent));
+    }
+
+    #[test]
+    fn a_short_argument_of_an_ordinary_tool_starts_nothing() {
+        let mut h = Harness::new(Api::AnthropicMessages);
+        let grep = tool_call("toolu_g", "grep", json!({"pattern": "parse_token"}));
+        h.send(call("main agent", vec![user("refactor parse_token")], calls_out(&[grep])));
+        let other = h.send(call("", vec![user("what is parse_token for?")], text_out("tokens")));
+        assert_eq!(other.agent().call_type, Some(CallType::Main));
+        assert_eq!(other.agent().parent_trajectory_id, None);
+        assert_eq!(other.agent().agent_role.as_deref(), Some("main"));
+    }
+
+    #[test]
+    fn a_handoff_carrying_the_parents_call_id_links_to_it() {
+        let mut h = Harness::new(Api::OpenAiResponses);
+        let handoff = tool_call("call_h", "transfer_to_recipe_editor", json!({}));
+        let parent = h.send(call("triage", vec![user("make it vegan")], calls_out(&[handoff.clone()])));
+        let child = h.send(call(
+            "recipe editor",
+            vec![user("make it vegan"), calls(&[handoff]), result("call_h", "{\"assistant\": \"editor\"}")],
+            text_out("done"),
+        ));
+        assert_ne!(child.trajectory_id, parent.trajectory_id);
+        assert_eq!(child.agent().agent_role.as_deref(), Some("recipe_editor"));
+        assert_eq!(child.agent().parent_step, Some(1));
+        // The handoff's result is the parent step's observation.
+        assert_eq!(child.steps[0].step_id, format!("{}/1", parent.trajectory_id));
+        assert_eq!(child.steps[0].observations[0].source_call_id, "call_h");
+    }
+
+    #[test]
+    fn a_summary_of_the_previous_conversation_continues_that_trajectory() {
+        let mut h = Harness::new(Api::AnthropicMessages);
+        h.session = Some("s1".into());
+        let before = h.send(call("coder", vec![user("port the parser")], text_out("ok")));
+        let summary = format!(
+            "This session is being continued from a previous conversation that ran out of context. The \
+             conversation is summarized below: {}",
+            "the user asked to port the parser; the lexer is done, the tests fail on tokens. ".repeat(3)
+        );
+        let after = h.send(call("coder", vec![user(&summary)], text_out("continuing")));
+        assert_ne!(after.trajectory_id, before.trajectory_id);
+        assert_eq!(after.summary.continues.as_deref(), Some(before.trajectory_id.as_str()));
+        // Too short to be a summary, or another system prompt: a new conversation.
+        let short = h.send(call("coder", vec![user("summarize and continue")], text_out("?")));
+        assert_eq!(short.summary.continues, None);
+        let other = h.send(call("reviewer", vec![user(&format!("{summary} "))], text_out("?")));
+        assert_eq!(other.summary.continues, None);
+    }
+
+    #[test]
+    fn agent_role_comes_from_arguments_then_tool_name() {
+        let tc = |name: &str, input| crate::model::step::StepToolCall {
+            tool_call_id: "c".into(),
+            tool_name: name.into(),
+            input,
+            duration_ms: None,
+        };
+        assert_eq!(super::agent_role(&tc("Task", json!({"subagent_type": "explorer", "name": "x"}))), "explorer");
+        assert_eq!(super::agent_role(&tc("transfer_to_weather_agent", json!({}))), "weather_agent");
+        assert_eq!(super::agent_role(&tc("delegate", json!({"agent": 3}))), "delegate");
+    }
+}
