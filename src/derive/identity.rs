@@ -270,8 +270,14 @@ mod tests {
         };
         let key = |m: &Message| assistant_key(m, CallIds::Stable);
         assert_eq!(key(&turn("Let me read it.", "call_1")), "calls:call_1");
-        assert_eq!(key(&turn("Reading a.rs", "call_1")), key(&turn("Let me read it.", "call_1")));
-        assert_ne!(key(&turn("Let me read it.", "call_2")), key(&turn("Let me read it.", "call_1")));
+        assert_eq!(
+            key(&turn("Reading a.rs", "call_1")),
+            key(&turn("Let me read it.", "call_1"))
+        );
+        assert_ne!(
+            key(&turn("Let me read it.", "call_2")),
+            key(&turn("Let me read it.", "call_1"))
+        );
         assert_eq!(key(&assistant("  Hello \n")), "text:Hello");
     }
 
@@ -286,14 +292,24 @@ mod tests {
         let echo = Message {
             role: Role::Assistant,
             parts: vec![
-                Part::Text { text: "Reading.".into() },
+                Part::Text {
+                    text: "Reading.".into(),
+                },
                 Part::ToolCall(tool_call("c1", "read", json!({"limit": 10.0, "path": "a.rs"}))),
             ],
         };
         let first = call("", vec![user("read a.rs")], out);
-        let second = call("", vec![user("read a.rs"), echo, result("c1", "fn a() {}")], text_out("ok"));
+        let second = call(
+            "",
+            vec![user("read a.rs"), echo, result("c1", "fn a() {}")],
+            text_out("ok"),
+        );
         for ids in [CallIds::Stable, CallIds::ClientAssigned] {
-            assert_eq!(root_keys("", &first, ids).root, root_keys("", &second, ids).root, "{ids:?}");
+            assert_eq!(
+                root_keys("", &first, ids).root,
+                root_keys("", &second, ids).root,
+                "{ids:?}"
+            );
         }
     }
 
@@ -302,7 +318,10 @@ mod tests {
         let a = tool_call("pyd_ai_1", "get_weather", json!({"city": "Paris"}));
         let b = tool_call("gemini:0:0", "get_weather", json!({"city": "Paris"}));
         assert_eq!(call_key(&a, CallIds::ClientAssigned), "get_weather#a1635b3de2bb6194");
-        assert_eq!(call_key(&b, CallIds::ClientAssigned), call_key(&a, CallIds::ClientAssigned));
+        assert_eq!(
+            call_key(&b, CallIds::ClientAssigned),
+            call_key(&a, CallIds::ClientAssigned)
+        );
         assert_eq!(call_key(&a, CallIds::Stable), "pyd_ai_1");
         assert_eq!(CallIds::of(Api::GeminiGenerateContent), CallIds::ClientAssigned);
         assert_eq!(CallIds::of(Api::AnthropicMessages), CallIds::Stable);
@@ -333,12 +352,19 @@ mod tests {
         let mut r = Resolver::default();
         let failed = call("sys", vec![user("task")], Output::default());
         let failed_id = r.resolve("", &failed, CallIds::Stable, |_| false);
-        assert_eq!(failed_id, format!("tr_{}", root_keys("", &failed, CallIds::Stable).root));
+        assert_eq!(
+            failed_id,
+            format!("tr_{}", root_keys("", &failed, CallIds::Stable).root)
+        );
         let retry = call("sys", vec![user("task")], text_out("answer"));
         let open = failed_id.clone();
         assert_eq!(r.resolve("", &retry, CallIds::Stable, |id| id == open), failed_id);
         // Later calls echo the retry's answer: the alias keeps them in the failed call's trajectory.
-        let later = call("sys", vec![user("task"), assistant("answer"), user("more")], text_out("x"));
+        let later = call(
+            "sys",
+            vec![user("task"), assistant("answer"), user("more")],
+            text_out("x"),
+        );
         assert_eq!(r.resolve("", &later, CallIds::Stable, |id| id == open), failed_id);
     }
 
@@ -351,7 +377,10 @@ mod tests {
         assert!(is_warmup(&c));
         let warm = r.resolve("", &c, CallIds::Stable, |_| false);
         let root = root_keys("", &c, CallIds::Stable).root;
-        assert_eq!(warm, format!("tr_{}", short_hash(format!("warmup\u{1}{root}").as_bytes())));
+        assert_eq!(
+            warm,
+            format!("tr_{}", short_hash(format!("warmup\u{1}{root}").as_bytes()))
+        );
         assert_ne!(warm, real);
         c.max_output_tokens = Some(2);
         assert!(!is_warmup(&c));

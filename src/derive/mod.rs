@@ -105,9 +105,7 @@ impl Deriver {
         let parent = self.state.find_parent(traj_id, call);
         let continues = match parent {
             Some(_) => None,
-            None => self
-                .state
-                .find_compacted(traj_id, trace.meta.session.as_deref(), call),
+            None => self.state.find_compacted(traj_id, trace.meta.session.as_deref(), call),
         };
         Some(Origin { parent, continues })
     }
@@ -188,7 +186,11 @@ fn call_steps(
     new_turns: usize,
     is_new: bool,
 ) -> CallSteps {
-    let start = if steps::is_native_chain(call) { traj.next_index } else { 0 };
+    let start = if steps::is_native_chain(call) {
+        traj.next_index
+    } else {
+        0
+    };
     let indexes = StepIndexes::count(call, new_turns, start);
     traj.next_index = traj.next_index.max(indexes.agent + 1);
     let sp_hash = call.system.as_deref().map(system_prompt_hash);
@@ -243,21 +245,37 @@ mod tests {
         let mut h = Harness::new(Api::OpenAiChat);
         let read = tool_call("call_1", "read", json!({"path": "a.rs"}));
         let a = h.send(call("sys", vec![user("fix it")], calls_out(&[read.clone()])));
-        let b = h.send(call("sys", vec![user("fix it"), calls(&[read.clone()]), result("call_1", "x")], text_out("done")));
+        let b = h.send(call(
+            "sys",
+            vec![user("fix it"), calls(&[read.clone()]), result("call_1", "x")],
+            text_out("done"),
+        ));
         let c = h.send(call(
             "sys",
-            vec![user("fix it"), calls(&[read]), result("call_1", "x"), assistant("done"), user("thanks")],
+            vec![
+                user("fix it"),
+                calls(&[read]),
+                result("call_1", "x"),
+                assistant("done"),
+                user("thanks"),
+            ],
             text_out(":)"),
         ));
         assert!(a.trajectory_id.starts_with("tr_") && a.trajectory_id.len() == 19);
-        assert_eq!((b.trajectory_id.as_str(), c.trajectory_id.as_str()), (a.trajectory_id.as_str(), a.trajectory_id.as_str()));
+        assert_eq!(
+            (b.trajectory_id.as_str(), c.trajectory_id.as_str()),
+            (a.trajectory_id.as_str(), a.trajectory_id.as_str())
+        );
         let indexes: Vec<(u32, crate::model::step::StepRole)> = [&a, &b, &c]
             .iter()
             .flat_map(|o| o.steps.iter().map(|s| (s.step_index, s.role)))
             .collect();
         use crate::model::step::StepRole::{Agent, User};
         // a: user 0, agent 1; b: step 1 updated, agent 2; c: user 3, agent 4.
-        assert_eq!(indexes, [(0, User), (1, Agent), (1, Agent), (2, Agent), (3, User), (4, Agent)]);
+        assert_eq!(
+            indexes,
+            [(0, User), (1, Agent), (1, Agent), (2, Agent), (3, User), (4, Agent)]
+        );
         assert_eq!((c.summary.llm_calls, c.summary.steps), (3, 5));
         // Exact prefix reuse: c extends b's prompt and output.
         assert_eq!(c.agent().token_usage.prefix_reuse_tokens, 110);
@@ -277,7 +295,11 @@ mod tests {
     #[test]
     fn a_warmup_is_a_one_call_side_trajectory_whose_calls_wait_for_nothing() {
         let mut h = Harness::new(Api::AnthropicMessages);
-        let mut warm = call("sys", vec![user("task")], calls_out(&[tool_call("toolu_w", "read", json!({}))]));
+        let mut warm = call(
+            "sys",
+            vec![user("task")],
+            calls_out(&[tool_call("toolu_w", "read", json!({}))]),
+        );
         warm.max_output_tokens = Some(1);
         let w = h.send(warm);
         assert_eq!(w.agent().call_type, Some(CallType::Warmup));
@@ -294,17 +316,20 @@ mod tests {
     #[test]
     fn idle_close_marks_unanswered_calls_no_result_in_call_order() {
         let mut h = Harness::new(Api::OpenAiChat);
-        let calls = [
-            tool_call("call_b", "f", json!({})),
-            tool_call("call_a", "g", json!({})),
-        ];
+        let calls = [tool_call("call_b", "f", json!({})), tool_call("call_a", "g", json!({}))];
         let out = h.send(call("", vec![user("go")], calls_out(&calls)));
         let last_end = T0 + 1_000_000;
         let idle = 30 * 60 * 1_000_000;
-        assert!(h.deriver.close_idle(last_end + idle).is_empty(), "not idle yet at exactly the timeout");
+        assert!(
+            h.deriver.close_idle(last_end + idle).is_empty(),
+            "not idle yet at exactly the timeout"
+        );
         let records = h.deriver.close_idle(last_end + idle + 1);
         let [Record::Step(step), Record::Trajectory(summary)] = &records[..] else {
-            panic!("expected the step and the closed summary, got {} records", records.len());
+            panic!(
+                "expected the step and the closed summary, got {} records",
+                records.len()
+            );
         };
         assert_eq!(step.step_id, out.agent().step_id);
         let got: Vec<(&str, Option<&str>, Option<&str>)> = step
@@ -312,7 +337,10 @@ mod tests {
             .iter()
             .map(|o| (o.source_call_id.as_str(), o.content.as_deref(), o.error.as_deref()))
             .collect();
-        assert_eq!(got, [("call_b", None, Some("no_result")), ("call_a", None, Some("no_result"))]);
+        assert_eq!(
+            got,
+            [("call_b", None, Some("no_result")), ("call_a", None, Some("no_result"))]
+        );
         assert!(summary.closed);
         assert_eq!(summary.trajectory_id, out.trajectory_id);
         assert!(h.deriver.close_all().is_empty());
@@ -335,6 +363,9 @@ mod tests {
     }
 
     fn split_all(records: Vec<Record>) -> Vec<Record> {
-        records.into_iter().filter(|r| !matches!(r, Record::Trajectory(_))).collect()
+        records
+            .into_iter()
+            .filter(|r| !matches!(r, Record::Trajectory(_)))
+            .collect()
     }
 }

@@ -66,9 +66,7 @@ impl State {
     fn attach_observation(&mut self, traj_id: &str, result: &ToolResult<'_>, at: UnixMicros) -> Option<Step> {
         let (owner, call_id) = self.answered_call(traj_id, result)?;
         self.forget_call(&call_id);
-        self.trajectories
-            .get_mut(&owner)?
-            .observe_result(&call_id, result, at)
+        self.trajectories.get_mut(&owner)?.observe_result(&call_id, result, at)
     }
 
     /// The call a result answers: by id, anywhere; else (for client-assigned ids) by tool name, the earliest
@@ -207,7 +205,10 @@ mod tests {
         assert_eq!(updated.tool_calls[0].duration_ms, Some(2500));
         // A file-reading tool's result is a snippet with the path and line range from the arguments.
         let sn = &updated.snippets[0];
-        assert_eq!((sn.file_path.as_deref(), sn.start_line, sn.end_line), (Some("src/a.py"), Some(1), Some(2)));
+        assert_eq!(
+            (sn.file_path.as_deref(), sn.start_line, sn.end_line),
+            (Some("src/a.py"), Some(1), Some(2))
+        );
         assert_eq!(second.agent().step_index, 2);
     }
 
@@ -263,7 +264,11 @@ mod tests {
         let mut h = Harness::new(Api::OpenAiChat);
         let out = h.send(call(
             "",
-            vec![user("x"), calls(&[tool_call("call_9", "f", json!({}))]), result("call_9", "r")],
+            vec![
+                user("x"),
+                calls(&[tool_call("call_9", "f", json!({}))]),
+                result("call_9", "r"),
+            ],
             text_out("ok"),
         ));
         assert_eq!(out.steps.len(), 1);

@@ -150,36 +150,91 @@ mod tests {
     use serde_json::json;
 
     fn last_of(c: &NormalizedCall) -> LastCall {
-        LastCall::new(c, prompt_fingerprints(&c.messages, CallIds::Stable), Some("sp_a".into()), CallIds::Stable)
+        LastCall::new(
+            c,
+            prompt_fingerprints(&c.messages, CallIds::Stable),
+            Some("sp_a".into()),
+            CallIds::Stable,
+        )
     }
 
     #[test]
     fn reuse_is_exact_when_the_prompt_extends_the_previous_call() {
-        let first = call("", vec![user("read a.rs")], calls_out(&[tool_call("c1", "read", json!({"p": 1}))]));
+        let first = call(
+            "",
+            vec![user("read a.rs")],
+            calls_out(&[tool_call("c1", "read", json!({"p": 1}))]),
+        );
         let echo = calls(&[tool_call("c1", "read", json!({"p": 1.0}))]);
         let next = vec![user("read a.rs"), echo, result("c1", "text")];
-        let got = reuse(Some(&last_of(&first)), &prompt_fingerprints(&next, CallIds::Stable), Some("sp_a"));
-        assert_eq!(got, Reuse { tokens: 110, estimated: false });
+        let got = reuse(
+            Some(&last_of(&first)),
+            &prompt_fingerprints(&next, CallIds::Stable),
+            Some("sp_a"),
+        );
+        assert_eq!(
+            got,
+            Reuse {
+                tokens: 110,
+                estimated: false
+            }
+        );
     }
 
     #[test]
     fn reuse_is_estimated_from_bytes_when_the_prompt_diverges() {
-        let first = call("", vec![user("aaaa"), assistant("bbbb"), user("cccccccc")], text_out("dddd"));
+        let first = call(
+            "",
+            vec![user("aaaa"), assistant("bbbb"), user("cccccccc")],
+            text_out("dddd"),
+        );
         // Same first two messages (8 of the previous 20 bytes), then another user turn.
         let next = vec![user("aaaa"), assistant("bbbb"), user("zz")];
-        let got = reuse(Some(&last_of(&first)), &prompt_fingerprints(&next, CallIds::Stable), Some("sp_a"));
-        assert_eq!(got, Reuse { tokens: 110 * 8 / 20, estimated: true });
+        let got = reuse(
+            Some(&last_of(&first)),
+            &prompt_fingerprints(&next, CallIds::Stable),
+            Some("sp_a"),
+        );
+        assert_eq!(
+            got,
+            Reuse {
+                tokens: 110 * 8 / 20,
+                estimated: true
+            }
+        );
         let unrelated = vec![user("other")];
-        let got = reuse(Some(&last_of(&first)), &prompt_fingerprints(&unrelated, CallIds::Stable), Some("sp_a"));
-        assert_eq!(got, Reuse { tokens: 0, estimated: true });
+        let got = reuse(
+            Some(&last_of(&first)),
+            &prompt_fingerprints(&unrelated, CallIds::Stable),
+            Some("sp_a"),
+        );
+        assert_eq!(
+            got,
+            Reuse {
+                tokens: 0,
+                estimated: true
+            }
+        );
     }
 
     #[test]
     fn no_reuse_without_a_previous_call_or_across_system_prompts() {
         let first = call("", vec![user("a")], text_out("b"));
         let next = prompt_fingerprints(&[user("a"), assistant("b"), user("c")], CallIds::Stable);
-        assert_eq!(reuse(None, &next, Some("sp_a")), Reuse { tokens: 0, estimated: false });
-        assert_eq!(reuse(Some(&last_of(&first)), &next, Some("sp_b")), Reuse { tokens: 0, estimated: false });
+        assert_eq!(
+            reuse(None, &next, Some("sp_a")),
+            Reuse {
+                tokens: 0,
+                estimated: false
+            }
+        );
+        assert_eq!(
+            reuse(Some(&last_of(&first)), &next, Some("sp_b")),
+            Reuse {
+                tokens: 0,
+                estimated: false
+            }
+        );
         assert_eq!(reuse(Some(&last_of(&first)), &next, Some("sp_a")).tokens, 110);
     }
 
@@ -210,6 +265,9 @@ mod tests {
         let mut d = b.clone();
         d.parts[1] = Part::ToolCall(tool_call("pyd_ai_1", "f", json!({"a": 1, "b": [1, 2]})));
         assert_ne!(fingerprint(&b, CallIds::Stable), fingerprint(&d, CallIds::Stable));
-        assert_eq!(fingerprint(&b, CallIds::ClientAssigned), fingerprint(&d, CallIds::ClientAssigned));
+        assert_eq!(
+            fingerprint(&b, CallIds::ClientAssigned),
+            fingerprint(&d, CallIds::ClientAssigned)
+        );
     }
 }

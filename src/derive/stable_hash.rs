@@ -116,9 +116,13 @@ mod tests {
     #[test]
     fn digest_ignores_key_order_and_number_spelling_but_not_values() {
         let a = json_digest(&json!({"city": "Paris", "days": 3, "opts": {"x": 1, "y": [1, 2]}}));
-        let b = json_digest(&serde_json::from_str(r#"{"opts":{"y":[1,2],"x":1.0},"days":3.0,"city":"Paris"}"#).unwrap());
+        let b =
+            json_digest(&serde_json::from_str(r#"{"opts":{"y":[1,2],"x":1.0},"days":3.0,"city":"Paris"}"#).unwrap());
         assert_eq!(a, b);
-        assert_ne!(a, json_digest(&json!({"city": "Paris", "days": 4, "opts": {"x": 1, "y": [1, 2]}})));
+        assert_ne!(
+            a,
+            json_digest(&json!({"city": "Paris", "days": 4, "opts": {"x": 1, "y": [1, 2]}}))
+        );
         // String boundaries count: the length prefix keeps these apart.
         assert_ne!(json_digest(&json!(["ab", "c"])), json_digest(&json!(["a", "bc"])));
     }

@@ -295,7 +295,10 @@ mod tests {
         assert_eq!(s.model.as_deref(), Some("openai/m-1"));
         assert_eq!(s.agent_role.as_deref(), Some("main"));
         assert_eq!(s.tools_available, ["read"]);
-        assert_eq!((s.token_usage.input_tokens, s.token_usage.prefix_reuse_tokens), (100, 7));
+        assert_eq!(
+            (s.token_usage.input_tokens, s.token_usage.prefix_reuse_tokens),
+            (100, 7)
+        );
         assert!(s.token_usage.prefix_reuse_estimated);
         assert_eq!(s.snippets[0].language.as_deref(), Some("rust"));
         assert_eq!(s.timings.as_ref().map(|t| t.duration_ms), Some(1500.0));

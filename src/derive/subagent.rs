@@ -132,7 +132,12 @@ impl State {
     fn parent_link(&self, owner: &str, call_id: &str) -> Option<ParentLink> {
         let t = self.trajectories.get(owner)?;
         let idx = *t.open_calls.get(call_id)?;
-        let tc = t.steps.get(&idx)?.tool_calls.iter().find(|c| c.tool_call_id == call_id)?;
+        let tc = t
+            .steps
+            .get(&idx)?
+            .tool_calls
+            .iter()
+            .find(|c| c.tool_call_id == call_id)?;
         Some(ParentLink {
             trajectory_id: owner.to_owned(),
             step_index: idx,
@@ -210,8 +215,16 @@ mod tests {
     #[test]
     fn a_new_root_whose_prompt_is_a_delegation_tools_argument_is_its_sub_agent() {
         let mut h = Harness::new(Api::AnthropicMessages);
-        let task = tool_call("toolu_t", "Task", json!({"subagent_type": "explorer", "prompt": PROMPT}));
-        let parent = h.send(call("main agent", vec![user("refactor parse_token")], calls_out(&[task])));
+        let task = tool_call(
+            "toolu_t",
+            "Task",
+            json!({"subagent_type": "explorer", "prompt": PROMPT}),
+        );
+        let parent = h.send(call(
+            "main agent",
+            vec![user("refactor parse_token")],
+            calls_out(&[task]),
+        ));
         let child = h.send(call("explorer agent", vec![user(PROMPT)], text_out("3 callers")));
         assert_ne!(child.trajectory_id, parent.trajectory_id);
         let s = child.agent();
@@ -235,7 +248,11 @@ mod tests {
     fn a_short_argument_of_an_ordinary_tool_starts_nothing() {
         let mut h = Harness::new(Api::AnthropicMessages);
         let grep = tool_call("toolu_g", "grep", json!({"pattern": "parse_token"}));
-        h.send(call("main agent", vec![user("refactor parse_token")], calls_out(&[grep])));
+        h.send(call(
+            "main agent",
+            vec![user("refactor parse_token")],
+            calls_out(&[grep]),
+        ));
         let other = h.send(call("", vec![user("what is parse_token for?")], text_out("tokens")));
         assert_eq!(other.agent().call_type, Some(CallType::Main));
         assert_eq!(other.agent().parent_trajectory_id, None);
@@ -246,10 +263,18 @@ mod tests {
     fn a_handoff_carrying_the_parents_call_id_links_to_it() {
         let mut h = Harness::new(Api::OpenAiResponses);
         let handoff = tool_call("call_h", "transfer_to_recipe_editor", json!({}));
-        let parent = h.send(call("triage", vec![user("make it vegan")], calls_out(&[handoff.clone()])));
+        let parent = h.send(call(
+            "triage",
+            vec![user("make it vegan")],
+            calls_out(&[handoff.clone()]),
+        ));
         let child = h.send(call(
             "recipe editor",
-            vec![user("make it vegan"), calls(&[handoff]), result("call_h", "{\"assistant\": \"editor\"}")],
+            vec![
+                user("make it vegan"),
+                calls(&[handoff]),
+                result("call_h", "{\"assistant\": \"editor\"}"),
+            ],
             text_out("done"),
         ));
         assert_ne!(child.trajectory_id, parent.trajectory_id);
@@ -288,8 +313,14 @@ mod tests {
             input,
             duration_ms: None,
         };
-        assert_eq!(super::agent_role(&tc("Task", json!({"subagent_type": "explorer", "name": "x"}))), "explorer");
-        assert_eq!(super::agent_role(&tc("transfer_to_weather_agent", json!({}))), "weather_agent");
+        assert_eq!(
+            super::agent_role(&tc("Task", json!({"subagent_type": "explorer", "name": "x"}))),
+            "explorer"
+        );
+        assert_eq!(
+            super::agent_role(&tc("transfer_to_weather_agent", json!({}))),
+            "weather_agent"
+        );
         assert_eq!(super::agent_role(&tc("delegate", json!({"agent": 3}))), "delegate");
     }
 }
