@@ -244,10 +244,18 @@ mod tests {
     fn every_call_of_one_conversation_gets_the_same_trajectory() {
         let mut h = Harness::new(Api::OpenAiChat);
         let read = tool_call("call_1", "read", json!({"path": "a.rs"}));
-        let a = h.send(call("sys", vec![user("fix it")], calls_out(&[read.clone()])));
+        let a = h.send(call(
+            "sys",
+            vec![user("fix it")],
+            calls_out(std::slice::from_ref(&read)),
+        ));
         let b = h.send(call(
             "sys",
-            vec![user("fix it"), calls(&[read.clone()]), result("call_1", "x")],
+            vec![
+                user("fix it"),
+                calls(std::slice::from_ref(&read)),
+                result("call_1", "x"),
+            ],
             text_out("done"),
         ));
         let c = h.send(call(

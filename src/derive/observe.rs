@@ -186,7 +186,10 @@ mod tests {
     fn results_join_their_call_by_id_with_the_time_in_between_as_duration() {
         let mut h = Harness::new(Api::OpenAiChat);
         let read = tool_call("call_1", "read_file", json!({"path": "src/a.py"}));
-        let first = h.send_after(call("", vec![user("fix a.py")], calls_out(&[read.clone()])), 2_500_000);
+        let first = h.send_after(
+            call("", vec![user("fix a.py")], calls_out(std::slice::from_ref(&read))),
+            2_500_000,
+        );
         let second = h.send(call(
             "",
             vec![user("fix a.py"), calls(&[read]), result("call_1", "x = 1\ny = 2\n")],

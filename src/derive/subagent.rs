@@ -266,7 +266,7 @@ mod tests {
         let parent = h.send(call(
             "triage",
             vec![user("make it vegan")],
-            calls_out(&[handoff.clone()]),
+            calls_out(std::slice::from_ref(&handoff)),
         ));
         let child = h.send(call(
             "recipe editor",
