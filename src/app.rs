@@ -146,7 +146,7 @@ type ExportTask = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>
 /// blocking-pool reads, so one thread serves them all (a thread and runtime per destination bought nothing).
 fn spawn_exporters(sinks: Vec<ExportTask>) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new().name("llmtap-export".into()).spawn(move || {
-        crate::pipeline::run_in_background();
+        crate::background::run_in_background();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .on_thread_park(crate::allocator::release_when_idle)

@@ -86,10 +86,8 @@ fn derive_session(calls: &[Fixture]) -> Value {
     };
     for (i, f) in calls.iter().enumerate() {
         let ex = exchange(f, T0 + i as i64 * 1_000_000);
-        keep(
-            d.observe(llmtap::pipeline::process::process(ex, usize::MAX)),
-            &mut trace_ids,
-        );
+        let p = llmtap::pipeline::process::process(ex, usize::MAX);
+        keep(d.observe(p.trace, p.call), &mut trace_ids);
     }
     keep(d.close_all(), &mut trace_ids);
     let mut steps: Vec<Value> = steps.into_iter().map(|(_, v)| v).collect();

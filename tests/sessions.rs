@@ -386,7 +386,8 @@ fn derive_in_order(calls: &[Fixture]) -> Vec<Value> {
             charge: Default::default(),
         };
         t += 10_000;
-        for rec in d.observe(llmtap::pipeline::process::process(ex, usize::MAX)) {
+        let p = llmtap::pipeline::process::process(ex, usize::MAX);
+        for rec in d.observe(p.trace, p.call) {
             if let Record::Step(s) = rec {
                 latest.insert(s.step_id.clone(), serde_json::to_value(&*s).unwrap());
             }

@@ -20,10 +20,10 @@ use tonic::{Request, Response, Status};
 
 use self::streams::{FedStream, Feed, FeedError, StreamLimit};
 
-use crate::cli::ExportFormat;
 use crate::export::formats::LocalharnessStream;
+use crate::model::format::ExportFormat;
 use crate::model::step::{Step, TrajectorySummary};
-use crate::model::trace::ProviderTrace;
+use crate::model::trace::TraceHead;
 use crate::store::{StoreReader, TraceFilter};
 use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
 
@@ -32,25 +32,14 @@ pub mod pb {
     tonic::include_proto!("llmtap.v1");
 }
 
-/// What the pipeline publishes.
-#[derive(Debug, Clone)]
-pub enum LiveEvent {
-    Step(Arc<Step>),
-    Trace(Arc<pb::TraceSummary>),
-}
+pub use crate::pipeline::live::{LiveEvent, LiveTx, live_channel};
 
-pub type LiveTx = broadcast::Sender<LiveEvent>;
-
-pub fn live_channel() -> LiveTx {
-    broadcast::channel(4096).0
-}
-
-pub fn trace_summary(t: &ProviderTrace) -> pb::TraceSummary {
+pub fn trace_summary(t: &TraceHead) -> pb::TraceSummary {
     pb::TraceSummary {
         id: t.id.clone(),
         trajectory_id: t.trajectory_id.clone().unwrap_or_default(),
-        session_id: t.meta.session.clone().unwrap_or_default(),
-        agent: t.meta.agent.clone().unwrap_or_default(),
+        session_id: t.session.clone().unwrap_or_default(),
+        agent: t.agent.clone().unwrap_or_default(),
         upstream: t.upstream.clone(),
         api: t.api.as_str().to_owned(),
         model: t.model.clone().unwrap_or_default(),
@@ -270,12 +259,11 @@ impl pb::llm_tap_server::LlmTap for ApiService {
                         pb::event::Kind::Step(step_message(&s))
                     }
                     LiveEvent::Trace(t) if want_traces => {
-                        let session = (!t.session_id.is_empty()).then_some(t.session_id.as_str());
-                        let agent = (!t.agent.is_empty()).then_some(t.agent.as_str());
-                        if !matches(&filter, session, &t.trajectory_id, agent) {
+                        let trajectory = t.trajectory_id.as_deref().unwrap_or("");
+                        if !matches(&filter, t.session.as_deref(), trajectory, t.agent.as_deref()) {
                             continue;
                         }
-                        pb::event::Kind::Trace((*t).clone())
+                        pb::event::Kind::Trace(trace_summary(&t))
                     }
                     _ => continue,
                 };

@@ -37,12 +37,12 @@ pub fn spawn(
     let auth = BearerAuth::new(config.api.token.as_ref(), metrics);
     let blocking_threads = (config.api.max_streams + SPARE_BLOCKING_THREADS).min(MAX_BLOCKING_THREADS);
     std::thread::Builder::new().name("llmtap-api".into()).spawn(move || {
-        crate::pipeline::run_in_background();
+        crate::background::run_in_background();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .max_blocking_threads(blocking_threads)
             .thread_name("llmtap-api-blocking")
-            .on_thread_start(crate::pipeline::run_in_background)
+            .on_thread_start(crate::background::run_in_background)
             .on_thread_park(crate::allocator::release_when_idle)
             .build();
         let runtime = match runtime {

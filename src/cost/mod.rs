@@ -39,7 +39,7 @@ pub use overrides::OverrideError;
 pub use price::{CostBreakdown, UnknownCost};
 pub use table::{Source, TableError};
 
-use crate::capture::UnixMicros;
+use crate::model::exchange::UnixMicros;
 use crate::model::usage::Usage;
 
 /// Why a cost table could not be built.

@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::matcher::Matcher;
 use super::price::ModelPrices;
-use crate::capture::UnixMicros;
+use crate::model::exchange::UnixMicros;
 
 const EMBEDDED: &str = include_str!("../../data/prices.json");
 

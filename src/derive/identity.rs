@@ -15,8 +15,8 @@
 
 use std::collections::HashMap;
 
-use crate::capture::Api;
 use crate::model::call::{Message, NormalizedCall, Output, Part, Role, ToolCall};
+use crate::model::exchange::Api;
 use crate::model::short_hash;
 
 use super::stable_hash::json_digest;

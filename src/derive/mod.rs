@@ -27,13 +27,12 @@ mod subagent;
 #[cfg(test)]
 mod testkit;
 
-use crate::capture::UnixMicros;
 use crate::config::DeriveConfig;
 use crate::model::call::NormalizedCall;
+use crate::model::exchange::UnixMicros;
+use crate::model::record::Record;
 use crate::model::step::{CallType, Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
-use crate::pipeline::process::Processed;
-use crate::store::Record;
 use identity::{CallIds, Resolver, system_prompt_hash};
 use prefix::LastCall;
 use state::{CallFacts, Origin, State, Trajectory};
@@ -63,8 +62,7 @@ impl Deriver {
 
     /// Turn one processed exchange into store records, in this order: the trace, earlier steps updated by this
     /// request's tool results, new user steps, the call's agent step, the trajectory summary.
-    pub fn observe(&mut self, processed: Processed) -> Vec<Record> {
-        let Processed { mut trace, call, .. } = processed;
+    pub fn observe(&mut self, mut trace: ProviderTrace, call: Option<NormalizedCall>) -> Vec<Record> {
         let Some(call) = call else {
             return vec![Record::Trace(Box::new(trace))];
         };
@@ -233,7 +231,7 @@ fn call_steps(
 
 #[cfg(test)]
 mod tests {
-    use crate::capture::Api;
+    use crate::model::exchange::Api;
     use crate::model::step::CallType;
     use crate::store::Record;
     use serde_json::json;
@@ -359,11 +357,7 @@ mod tests {
     #[test]
     fn a_trace_without_a_call_passes_through() {
         let mut d = super::Deriver::new(crate::config::DeriveConfig::default());
-        let records = d.observe(crate::pipeline::process::Processed {
-            trace: trace(Api::Other, T0, T0 + 1),
-            call: None,
-            errors: Vec::new(),
-        });
+        let records = d.observe(trace(Api::Other, T0, T0 + 1), None);
         let [Record::Trace(t)] = &records[..] else {
             panic!("expected the trace alone");
         };

@@ -1,8 +1,8 @@
 //! Late facts: tool results in a later request joined to the calls that asked for them (observations, tool
 //! durations, file snippets), and calls that never got a result when their trajectory closes.
 
-use crate::capture::UnixMicros;
 use crate::model::call::{Message, Part, Role};
+use crate::model::exchange::UnixMicros;
 use crate::model::step::{Observation, Step};
 
 use super::snippets;
@@ -177,9 +177,9 @@ fn summarize(content: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::capture::Api;
     use crate::derive::testkit::*;
     use crate::model::call::Part;
+    use crate::model::exchange::Api;
     use serde_json::json;
 
     #[test]

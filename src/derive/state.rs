@@ -2,8 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::capture::UnixMicros;
 use crate::model::call::{NormalizedCall, ToolCall};
+use crate::model::exchange::UnixMicros;
 use crate::model::step::{CallType, Step, TrajectorySummary};
 use crate::model::trace::{ProviderTrace, rfc3339};
 

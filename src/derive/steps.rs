@@ -1,8 +1,8 @@
 //! Building steps from one call: step indexes, user steps, the agent step (content, tool calls, usage,
 //! status, timings) and its call type.
 
-use crate::capture::Outcome;
 use crate::model::call::{NormalizedCall, Role};
+use crate::model::exchange::Outcome;
 use crate::model::step::{CallType, Step, StepRole, StepTimings, StepToolCall, TokenUsage};
 use crate::model::trace::{ProviderTrace, rfc3339};
 
@@ -210,9 +210,9 @@ pub fn status(trace: &ProviderTrace, call: &NormalizedCall) -> (&'static str, Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::Api;
     use crate::derive::testkit::*;
     use crate::model::call::CallError;
+    use crate::model::exchange::Api;
     use serde_json::json;
 
     #[test]

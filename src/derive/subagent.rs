@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
-use crate::capture::UnixMicros;
 use crate::model::call::{NormalizedCall, Part, Role};
+use crate::model::exchange::UnixMicros;
 use crate::model::step::StepToolCall;
 
 use super::identity::system_prompt_hash;
@@ -205,8 +205,8 @@ fn string_leaves(v: &Value) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::capture::Api;
     use crate::derive::testkit::*;
+    use crate::model::exchange::Api;
     use crate::model::step::CallType;
     use serde_json::json;
 

@@ -2,15 +2,14 @@
 
 use serde_json::Value;
 
-use crate::capture::{Api, ExchangeMeta, Outcome, Timings, UnixMicros};
 use crate::config::DeriveConfig;
 use crate::model::call::{Message, NormalizedCall, Output, Part, Role, ToolCall};
+use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings, UnixMicros};
 use crate::model::json::JsonText;
+use crate::model::record::Record;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::model::usage::Usage;
-use crate::pipeline::process::Processed;
-use crate::store::Record;
 
 use super::Deriver;
 
@@ -162,11 +161,7 @@ impl Harness {
         let mut t = trace(self.api, self.now, self.now + 1_000_000);
         t.meta.session = self.session.clone();
         self.now += 1_000_000 + gap_us;
-        split(self.deriver.observe(Processed {
-            trace: t,
-            call: Some(call),
-            errors: Vec::new(),
-        }))
+        split(self.deriver.observe(t, Some(call)))
     }
 
     pub fn send(&mut self, call: NormalizedCall) -> Out {

@@ -7,7 +7,7 @@ pub mod sink;
 
 use std::io::Write;
 
-use crate::cli::ExportFormat;
+use crate::model::format::ExportFormat;
 use crate::store::{StoreError, StoreReader, TraceFilter};
 
 #[derive(Debug, thiserror::Error)]

@@ -4,6 +4,7 @@ pub mod call;
 pub mod exchange;
 pub mod format;
 pub mod json;
+pub mod record;
 pub mod step;
 pub mod trace;
 pub mod usage;

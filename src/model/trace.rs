@@ -36,6 +36,40 @@ pub struct ProviderTrace {
     pub trajectory_id: Option<String>,
 }
 
+/// What a live listener needs about a finished call, without its bodies or headers.
+#[derive(Debug, Clone)]
+pub struct TraceHead {
+    pub id: String,
+    pub trajectory_id: Option<String>,
+    pub session: Option<String>,
+    pub agent: Option<String>,
+    pub upstream: String,
+    pub api: Api,
+    pub model: Option<String>,
+    pub status: Option<u16>,
+    pub outcome: Outcome,
+    pub timings: Timings,
+    pub streamed: bool,
+}
+
+impl ProviderTrace {
+    pub fn head(&self) -> TraceHead {
+        TraceHead {
+            id: self.id.clone(),
+            trajectory_id: self.trajectory_id.clone(),
+            session: self.meta.session.clone(),
+            agent: self.meta.agent.clone(),
+            upstream: self.upstream.clone(),
+            api: self.api,
+            model: self.model.clone(),
+            status: self.status,
+            outcome: self.outcome,
+            timings: self.timings,
+            streamed: self.streamed,
+        }
+    }
+}
+
 pub fn rfc3339(us: UnixMicros) -> String {
     chrono::DateTime::from_timestamp_micros(us)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))

@@ -5,11 +5,11 @@
 //! wake-up of the writer per pass, not one per record). It ends when the capture queue closes (every
 //! `CaptureTx` dropped, i.e. after the proxy drained), flushing the deriver's open trajectories first.
 
+pub mod live;
 pub mod process;
 pub mod secrets;
 
-// Kept here too for callers that already name it; the function lives with the rest of the thread plumbing.
-pub use crate::background::run_in_background;
+use crate::background::run_in_background;
 
 use std::sync::Arc;
 use std::sync::mpsc::RecvTimeoutError;
@@ -34,7 +34,7 @@ pub fn spawn(
     derive: DeriveConfig,
     body_cap: usize,
     metrics: Arc<Metrics>,
-    live: Option<crate::api::LiveTx>,
+    live: Option<live::LiveTx>,
     stop: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -65,7 +65,7 @@ pub fn spawn(
                                 }
                             }
                             metrics.processed.inc();
-                            records.extend(deriver.observe(processed));
+                            records.extend(deriver.observe(processed.trace, processed.call));
                         }
                         emit(&store, &metrics, live.as_ref(), records);
                     }
@@ -86,17 +86,17 @@ pub fn spawn(
         })
 }
 
-fn emit(store: &StoreTx, metrics: &Metrics, live: Option<&crate::api::LiveTx>, records: Vec<Record>) {
+fn emit(store: &StoreTx, metrics: &Metrics, live: Option<&live::LiveTx>, records: Vec<Record>) {
     let live = live.filter(|l| l.receiver_count() > 0);
     for r in &records {
         if let Record::Step(s) = r {
             metrics.steps_derived.inc();
             if let Some(l) = live {
-                let _ = l.send(crate::api::LiveEvent::Step(Arc::new((**s).clone())));
+                let _ = l.send(live::LiveEvent::Step(Arc::new((**s).clone())));
             }
         }
         if let (Record::Trace(t), Some(l)) = (r, live) {
-            let _ = l.send(crate::api::LiveEvent::Trace(Arc::new(crate::api::trace_summary(t))));
+            let _ = l.send(live::LiveEvent::Trace(Arc::new(t.head())));
         }
     }
     store.send(records);

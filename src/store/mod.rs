@@ -18,9 +18,6 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;
 
-use crate::model::step::{Step, TrajectorySummary};
-use crate::model::trace::ProviderTrace;
-
 pub const DB_FILE: &str = "llmtap.sqlite";
 
 #[derive(Debug, thiserror::Error)]
@@ -70,14 +67,8 @@ impl StoreError {
     }
 }
 
-/// What flows into the store.
-#[derive(Debug, Clone)]
-pub enum Record {
-    Trace(Box<ProviderTrace>),
-    /// A step, new or updated with late facts (observations, classification): upserted by id.
-    Step(Box<Step>),
-    Trajectory(Box<TrajectorySummary>),
-}
+/// What flows into the store (derivation's output; the model owns the type).
+pub use crate::model::record::Record;
 
 pub fn db_path(data_dir: &Path) -> PathBuf {
     data_dir.join(DB_FILE)

@@ -9,8 +9,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params_from_iter, 
 
 use super::StoreError;
 use super::codec::decompress;
-use crate::capture::{Api, ExchangeMeta, Outcome, Timings};
 use crate::config::StoreConfig;
+use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings};
 use crate::model::json::JsonText;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
@@ -440,7 +440,7 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
 pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: &Metrics) -> Result<(), StoreError> {
     let mut cutoff_seq: Option<i64> = None;
     if config.retention_days > 0 {
-        let cutoff_us = crate::capture::now_micros() - (config.retention_days as i64) * 86_400_000_000;
+        let cutoff_us = crate::model::exchange::now_micros() - (config.retention_days as i64) * 86_400_000_000;
         let seq: Option<i64> =
             conn.query_row("SELECT MAX(seq) FROM traces WHERE started_us < ?1", [cutoff_us], |r| {
                 r.get(0)

@@ -90,7 +90,7 @@ fn retain_now(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: 
 const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(50);
 
 fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, metrics: Arc<Metrics>) {
-    crate::pipeline::run_in_background();
+    crate::background::run_in_background();
     // At start: a store found over its limits is trimmed before anything new arrives.
     let mut last_retention = Instant::now();
     retain_now(&conn, &config, &metrics, &mut last_retention);

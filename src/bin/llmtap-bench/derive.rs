@@ -124,7 +124,7 @@ pub fn split(calls: usize, turns: std::ops::Range<usize>) {
     let mut deriver = Deriver::new(DeriveConfig::default());
     let t0 = Instant::now();
     for p in processed {
-        std::hint::black_box(deriver.observe(p));
+        std::hint::black_box(deriver.observe(p.trace, p.call));
     }
     let derive = t0.elapsed().as_secs_f64() / n * 1e6;
     println!(
@@ -150,7 +150,8 @@ fn measure(label: &str, calls: usize, turns: std::ops::Range<usize>) {
     let start = Instant::now();
     for ex in exchanges {
         let t0 = Instant::now();
-        let _records = deriver.observe(llmtap::pipeline::process::process(ex, usize::MAX));
+        let p = llmtap::pipeline::process::process(ex, usize::MAX);
+        let _records = deriver.observe(p.trace, p.call);
         per_call.push(t0.elapsed());
     }
     let elapsed = start.elapsed();

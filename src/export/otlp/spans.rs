@@ -135,10 +135,10 @@ fn parse_traceparent(tp: &str) -> Option<(Vec<u8>, Vec<u8>)> {
 }
 
 /// gen_ai.provider.name for an upstream: the well-known values, else the upstream's own name.
-fn provider_name(upstream: &str, api: crate::capture::Api) -> String {
+fn provider_name(upstream: &str, api: crate::model::exchange::Api) -> String {
     match (upstream, api) {
-        (_, crate::capture::Api::AnthropicMessages) => "anthropic".into(),
-        (_, crate::capture::Api::GeminiGenerateContent) => "gcp.gemini".into(),
+        (_, crate::model::exchange::Api::AnthropicMessages) => "anthropic".into(),
+        (_, crate::model::exchange::Api::GeminiGenerateContent) => "gcp.gemini".into(),
         ("openai", _) => "openai".into(),
         (other, _) => other.to_owned(),
     }
@@ -319,7 +319,8 @@ impl<'a> SpanBuilder<'a> {
             }
         }
         if status.code != StatusCode::Error as i32
-            && (trace.outcome == crate::capture::Outcome::UpstreamError || trace.status.is_some_and(|s| s >= 400))
+            && (trace.outcome == crate::model::exchange::Outcome::UpstreamError
+                || trace.status.is_some_and(|s| s >= 400))
         {
             let kind = trace
                 .status

@@ -263,7 +263,7 @@ impl<S: Sink> Driver<S> {
         let name = self.cfg.name.clone();
         let joined = tokio::task::spawn_blocking(move || {
             // Blocking-pool threads only run background work in llmtap, so lowering one is harmless.
-            crate::pipeline::run_in_background();
+            crate::background::run_in_background();
             let handles = match open {
                 Some(h) => h,
                 None => match Cursor::open(&data_dir, &name)
