@@ -199,12 +199,13 @@ async fn compression_bombs_in_either_direction_are_forwarded_untouched_and_captu
 /// `capture.queue_bytes` as they are kept, and what does not fit is forwarded but not captured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn captured_bytes_in_flight_stay_within_the_capture_budget() {
-    let release = Arc::new(tokio::sync::Notify::new());
+    // A watch, not a Notify: a handler that has not reached its wait yet still sees the release.
+    let (release, released) = tokio::sync::watch::channel(false);
     let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     // An upstream that takes every upload and answers only once all of them are in.
-    let gate = release.clone();
+    let gate = released;
     let upstream = tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
@@ -219,7 +220,8 @@ async fn captured_bytes_in_flight_stay_within_the_capture_budget() {
                     async move {
                         let _ = req.into_body().collect().await;
                         let _ = started.send(());
-                        gate.notified().await;
+                        let mut gate = gate.clone();
+                        let _ = gate.wait_for(|open| *open).await;
                         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(CHAT_RESPONSE.as_bytes()))))
                     }
                 });
@@ -252,9 +254,12 @@ async fn captured_bytes_in_flight_stay_within_the_capture_budget() {
     }
     // Every upload has passed through llmtap and is waiting for its answer: what capture holds is in memory now.
     let peak = peak_rss_mib(tap.pid());
-    release.notify_waiters();
+    release.send_replace(true);
     for s in sends {
-        assert_eq!(s.await.unwrap(), 200);
+        let status = tokio::time::timeout(Duration::from_secs(60), s)
+            .await
+            .expect("every upload answered");
+        assert_eq!(status.unwrap(), 200);
     }
     upstream.abort();
     assert!(
