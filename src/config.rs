@@ -590,22 +590,7 @@ fn env_var(name: &str) -> Option<String> {
 }
 
 fn percent_decode_value(v: &str) -> String {
-    let bytes = v.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len() + 1
-            && let Some(b) = v.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(b);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned()
 }
 
 /// One OTLP destination: file values win, then the standard OTEL_EXPORTER_OTLP_* variables, then defaults.

@@ -29,6 +29,8 @@ pub enum TlsSetupError {
     },
     #[error("ca_file {path} holds no usable certificate")]
     NoCertificate { path: String },
+    #[error("the TLS provider does not support the safe protocol versions: {0}")]
+    Protocols(#[source] rustls::Error),
 }
 
 /// One client per distinct trust configuration; upstreams without `ca_file` share the default client (and its pool).
@@ -39,11 +41,11 @@ pub struct Clients {
 
 impl Clients {
     pub fn build<'a>(upstreams: impl IntoIterator<Item = &'a UpstreamConfig>) -> Result<Clients, TlsSetupError> {
-        let default = client(root_store(None)?);
+        let default = client(root_store(None)?)?;
         let mut by_upstream = HashMap::new();
         for u in upstreams {
             if let Some(ca) = &u.ca_file {
-                by_upstream.insert(u.name.to_string(), client(root_store(Some(ca))?));
+                by_upstream.insert(u.name.to_string(), client(root_store(Some(ca))?)?);
             }
         }
         Ok(Clients { default, by_upstream })
@@ -77,17 +79,14 @@ fn root_store(ca_file: Option<&Path>) -> Result<RootCertStore, TlsSetupError> {
     Ok(roots)
 }
 
-fn client(roots: RootCertStore) -> UpstreamClient {
+fn client(roots: RootCertStore) -> Result<UpstreamClient, TlsSetupError> {
+    // An error, not a fallback: a client built some other way (no roots) would fail every HTTPS call later.
     let tls =
         rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
-            .map(|b| b.with_root_certificates(roots).with_no_client_auth());
-    // The ring provider always supports the safe defaults; fall back to the crate default if that ever changes.
-    let tls = tls.unwrap_or_else(|_| {
-        rustls::ClientConfig::builder()
-            .with_root_certificates(RootCertStore::empty())
-            .with_no_client_auth()
-    });
+            .map_err(TlsSetupError::Protocols)?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -98,10 +97,10 @@ fn client(roots: RootCertStore) -> UpstreamClient {
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
+    Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(256)
-        .build(https)
+        .build(https))
 }
 
 /// The upstream URI for `rest` (path after the route prefix) and the client's query string.

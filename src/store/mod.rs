@@ -36,6 +36,12 @@ pub enum StoreError {
     },
     #[error("store query failed: {0}")]
     Sql(#[from] rusqlite::Error),
+    #[error("cannot serialize {what} for the store: {source}")]
+    Serialize {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("store holds a corrupt record {id}: {what}")]
     Corrupt { id: String, what: String },
     #[error("store schema version {found} is newer than this llmtap understands ({supported})")]

@@ -158,8 +158,17 @@ fn write_batch(conn: &mut Connection, batch: &[Record]) -> Result<(), StoreError
     Ok(())
 }
 
+/// A value as JSON text for a column. A failure is an error, never an empty string: a row with `""` where JSON
+/// belongs would read back as corrupt later instead of failing now, where it is counted and logged.
+fn json<T: serde::Serialize + ?Sized>(what: &'static str, value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|source| StoreError::Serialize { what, source })
+}
+
 fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(), StoreError> {
-    let headers = |h: &[(String, String)]| serde_json::to_string(h).unwrap_or_default();
+    let usage = t.usage.as_ref().map(|u| json("usage", u)).transpose()?;
+    let request_headers = json("request headers", &t.request_headers)?;
+    let response_headers = json("response headers", &t.response_headers)?;
+    let metadata = json("trace metadata", &t.meta)?;
     tx.prepare_cached("INSERT OR REPLACE INTO traces (id, trajectory_id, session_id, agent, upstream, api, method, path, status, outcome,
             error, streamed, model, started_us, first_byte_us, ended_us, request_bytes, response_bytes, usage,
             request_headers, response_headers, metadata)
@@ -182,10 +191,10 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
             t.timings.end,
             t.request_bytes as i64,
             t.response_bytes as i64,
-            t.usage.as_ref().and_then(|u| serde_json::to_string(u).ok()),
-            headers(&t.request_headers),
-            headers(&t.response_headers),
-            serde_json::to_string(&t.meta).unwrap_or_default(),
+            usage,
+            request_headers,
+            response_headers,
+            metadata,
         ],
     )?;
     let body = |v: &JsonText| (!v.is_null()).then(|| compress(v.as_str()));
@@ -218,7 +227,7 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreErro
         .or_else(|| chrono::DateTime::parse_from_rfc3339(&s.timestamp).ok())
         .map(|t| t.timestamp_micros())
         .unwrap_or(0);
-    let body = serde_json::to_string(s).unwrap_or_default();
+    let body = json("step", s)?;
     // Updates keep the original seq (and so the original export position) of the step.
     tx.prepare_cached(
         "INSERT INTO steps (step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, body)
@@ -253,10 +262,13 @@ fn upsert_trajectory(tx: &rusqlite::Transaction<'_>, t: &TrajectorySummary) -> R
             .map(|t| t.timestamp_micros())
             .unwrap_or(0)
     };
-    let prompts = (!t.system_prompts.is_empty()).then(|| serde_json::to_string(&t.system_prompts).unwrap_or_default());
-    let tools =
-        (!t.tool_definitions.is_empty()).then(|| serde_json::to_string(&t.tool_definitions).unwrap_or_default());
-    let body = serde_json::to_string(&t.without_heavy_parts()).unwrap_or_default();
+    let prompts = (!t.system_prompts.is_empty())
+        .then(|| json("system prompts", &t.system_prompts))
+        .transpose()?;
+    let tools = (!t.tool_definitions.is_empty())
+        .then(|| json("tool definitions", &t.tool_definitions))
+        .transpose()?;
+    let body = json("trajectory", &t.without_heavy_parts())?;
     tx.prepare_cached("INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body, system_prompts, tool_definitions)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT(trajectory_id) DO UPDATE SET session_id = excluded.session_id, ended_us = excluded.ended_us,
