@@ -12,13 +12,9 @@ use std::str::FromStr;
 
 use common::*;
 use llmtap::capture::Api;
-use llmtap::capture::sse::parse_events;
 use llmtap::cost::{Cost, CostTable, CostTableError, PricedBy, UnknownCost};
-use llmtap::model::json::Json;
 use llmtap::model::usage::Usage;
-use llmtap::provider::{CallContext, adapter_for};
 use rust_decimal::Decimal;
-use serde_json::Value;
 
 fn usd(s: &str) -> Decimal {
     Decimal::from_str(s).unwrap()
@@ -54,23 +50,9 @@ fn provider_name(f: &Fixture) -> String {
 fn recorded() -> Vec<Recorded> {
     let mut out = Vec::new();
     for f in all_fixtures() {
-        let Some(adapter) = adapter_for(f.api()) else {
+        let Some((_, call)) = f.normalize() else {
             continue;
         };
-        let request = Json::parse_slice(&f.request).unwrap();
-        let response = match f.kind {
-            BodyKind::Sse => adapter
-                .reassemble(&parse_events(&String::from_utf8(f.body.clone()).unwrap()))
-                .unwrap(),
-            BodyKind::Json | BodyKind::Gzip => f.response_json.clone().unwrap_or(Value::Null),
-            BodyKind::Empty => Value::Null,
-        };
-        let path = f.upstream_path.split('?').next().unwrap().to_owned();
-        let ctx = CallContext {
-            path: &path,
-            status: Some(f.status),
-        };
-        let call = adapter.normalize(&ctx, &request, &Json::from_value(&response)).unwrap();
         let Some(usage) = call.usage else { continue };
         let model = call.model_response.or(call.model_requested).unwrap();
         let date = f

@@ -9,52 +9,11 @@ mod common;
 use std::collections::HashMap;
 
 use common::*;
-use llmtap::capture::{Captured, ExchangeMeta, Outcome, RawExchange, Timings};
 use llmtap::derive::Deriver;
 use llmtap::store::Record;
 use serde_json::{Value, json};
 
 const T0: i64 = 1_700_000_000_000_000;
-
-fn exchange(f: &Fixture, start: i64) -> RawExchange {
-    let mut headers: Vec<(String, String)> = f.response_headers.clone();
-    if f.kind == BodyKind::Sse && !headers.iter().any(|(k, _)| k == "content-type") {
-        headers.push(("content-type".into(), "text/event-stream".into()));
-    }
-    RawExchange {
-        id: llmtap::capture::exchange_id(start),
-        upstream: f.upstream.into(),
-        api: f.api(),
-        method: http::Method::POST,
-        path: f.upstream_path.clone(),
-        status: Some(f.status),
-        request: Captured {
-            headers: Default::default(),
-            body: [f.request.clone().into()].into(),
-            len: f.request.len() as u64,
-            truncated: false,
-            ended: true,
-            ..Default::default()
-        },
-        response: Some(Captured {
-            headers: headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-            body: [f.body.clone().into()].into(),
-            len: f.body.len() as u64,
-            truncated: false,
-            ended: true,
-            ..Default::default()
-        }),
-        timings: Timings {
-            start,
-            first_byte: Some(start + 200_000),
-            end: start + 500_000,
-        },
-        outcome: Outcome::Complete,
-        error: None,
-        meta: ExchangeMeta::default(),
-        charge: Default::default(),
-    }
-}
 
 /// The last version of every step (in order of first emission) and of every trajectory summary.
 fn derive_session(calls: &[Fixture]) -> Value {
@@ -85,7 +44,7 @@ fn derive_session(calls: &[Fixture]) -> Value {
         }
     };
     for (i, f) in calls.iter().enumerate() {
-        let ex = exchange(f, T0 + i as i64 * 1_000_000);
+        let ex = f.raw_exchange(T0 + i as i64 * 1_000_000, 200_000, 500_000);
         let p = llmtap::pipeline::process::process(ex, usize::MAX);
         keep(d.observe(p.trace, p.call), &mut trace_ids);
     }

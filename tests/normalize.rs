@@ -17,24 +17,9 @@ use serde_json::Value;
 fn normalized() -> Vec<(Fixture, Value, NormalizedCall)> {
     let mut out = Vec::new();
     for f in all_fixtures() {
-        let Some(adapter) = adapter_for(f.api()) else {
+        let Some((response, call)) = f.normalize() else {
             continue;
         };
-        // The request through the borrowed view the pipeline uses, parsed from the recorded bytes.
-        let request = Json::parse_slice(&f.request).unwrap();
-        let response = match f.kind {
-            BodyKind::Sse => adapter
-                .reassemble(&parse_events(&String::from_utf8(f.body.clone()).unwrap()))
-                .unwrap(),
-            BodyKind::Json | BodyKind::Gzip => f.response_json.clone().unwrap_or(Value::Null),
-            BodyKind::Empty => Value::Null,
-        };
-        let path = f.upstream_path.split('?').next().unwrap().to_owned();
-        let ctx = CallContext {
-            path: &path,
-            status: Some(f.status),
-        };
-        let call = adapter.normalize(&ctx, &request, &Json::from_value(&response)).unwrap();
         out.push((f, response, call));
     }
     out

@@ -341,50 +341,13 @@ impl Rng {
 
 /// Derive directly (no proxy) from calls in a given order; returns steps as JSON, last version of each.
 fn derive_in_order(calls: &[Fixture]) -> Vec<Value> {
-    use llmtap::capture::{Captured, ExchangeMeta, Outcome, RawExchange, Timings};
     use llmtap::derive::Deriver;
     use llmtap::store::Record;
     let mut d = Deriver::new(llmtap::config::DeriveConfig::default());
     let mut latest: BTreeMap<String, Value> = BTreeMap::new();
     let mut t = 1_700_000_000_000_000i64;
     for f in calls {
-        let mut headers: Vec<(String, String)> = f.response_headers.clone();
-        if f.kind == BodyKind::Sse && !headers.iter().any(|(k, _)| k == "content-type") {
-            headers.push(("content-type".into(), "text/event-stream".into()));
-        }
-        let ex = RawExchange {
-            id: llmtap::capture::exchange_id(t),
-            upstream: f.upstream.into(),
-            api: f.api(),
-            method: http::Method::POST,
-            path: f.upstream_path.clone(),
-            status: Some(f.status),
-            request: Captured {
-                headers: Default::default(),
-                body: [f.request.clone().into()].into(),
-                len: f.request.len() as u64,
-                truncated: false,
-                ended: true,
-                ..Default::default()
-            },
-            response: Some(Captured {
-                headers: headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-                body: [f.body.clone().into()].into(),
-                len: f.body.len() as u64,
-                truncated: false,
-                ended: true,
-                ..Default::default()
-            }),
-            timings: Timings {
-                start: t,
-                first_byte: Some(t + 1000),
-                end: t + 2000,
-            },
-            outcome: Outcome::Complete,
-            error: None,
-            meta: ExchangeMeta::default(),
-            charge: Default::default(),
-        };
+        let ex = f.raw_exchange(t, 1000, 2000);
         t += 10_000;
         let p = llmtap::pipeline::process::process(ex, usize::MAX);
         for rec in d.observe(p.trace, p.call) {

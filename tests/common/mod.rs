@@ -136,6 +136,71 @@ pub fn load_fixture(dir: &Path) -> Option<Fixture> {
 }
 
 impl Fixture {
+    /// The exchange the data path would capture for this recording: its request and response bytes as one
+    /// frame each (an SSE body gets its content type if the recording lacks it), timed from `start`.
+    pub fn raw_exchange(&self, start: i64, first_byte_after: i64, end_after: i64) -> llmtap::capture::RawExchange {
+        use llmtap::capture::{Captured, ExchangeMeta, Outcome, RawExchange, Timings};
+        let mut headers: Vec<(String, String)> = self.response_headers.clone();
+        if self.kind == BodyKind::Sse && !headers.iter().any(|(k, _)| k == "content-type") {
+            headers.push(("content-type".into(), "text/event-stream".into()));
+        }
+        RawExchange {
+            id: llmtap::capture::exchange_id(start),
+            upstream: self.upstream.into(),
+            api: self.api(),
+            method: http::Method::POST,
+            path: self.upstream_path.clone(),
+            status: Some(self.status),
+            request: Captured {
+                body: [self.request.clone().into()].into(),
+                len: self.request.len() as u64,
+                ended: true,
+                ..Default::default()
+            },
+            response: Some(Captured {
+                headers: headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+                body: [self.body.clone().into()].into(),
+                len: self.body.len() as u64,
+                ended: true,
+                ..Default::default()
+            }),
+            timings: Timings {
+                start,
+                first_byte: Some(start + first_byte_after),
+                end: start + end_after,
+            },
+            outcome: Outcome::Complete,
+            error: None,
+            meta: ExchangeMeta::default(),
+            charge: Default::default(),
+        }
+    }
+
+    /// The response as a non-streamed body and the normalized call, through the provider adapter (None when
+    /// no adapter reads this API).
+    pub fn normalize(&self) -> Option<(Value, llmtap::model::call::NormalizedCall)> {
+        use llmtap::model::json::Json;
+        let adapter = llmtap::provider::adapter_for(self.api())?;
+        // The request through the borrowed view the pipeline uses, parsed from the recorded bytes.
+        let request = Json::parse_slice(&self.request).unwrap();
+        let response = match self.kind {
+            BodyKind::Sse => adapter
+                .reassemble(&llmtap::capture::sse::parse_events(
+                    &String::from_utf8(self.body.clone()).unwrap(),
+                ))
+                .unwrap(),
+            BodyKind::Json | BodyKind::Gzip => self.response_json.clone().unwrap_or(Value::Null),
+            BodyKind::Empty => Value::Null,
+        };
+        let path = self.upstream_path.split('?').next().unwrap().to_owned();
+        let ctx = llmtap::provider::CallContext {
+            path: &path,
+            status: Some(self.status),
+        };
+        let call = adapter.normalize(&ctx, &request, &Json::from_value(&response)).unwrap();
+        Some((response, call))
+    }
+
     /// The API this recording speaks, from its path (as llmtap's router decides it).
     pub fn api(&self) -> llmtap::capture::Api {
         use llmtap::capture::Api;
