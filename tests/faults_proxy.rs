@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use common::Llmtap;
+use serde_json::Value;
 
 /// What the scripted upstream saw.
 #[derive(Debug, Clone)]
@@ -262,13 +263,16 @@ async fn captured_bytes_in_flight_stay_within_the_capture_budget() {
         assert_eq!(status.unwrap(), 200);
     }
     upstream.abort();
-    assert!(
-        tap.metric("llmtap_capture_over_budget_total") > 0,
-        "uploads past the 4 MiB budget are cut"
-    );
+    // Counted once per body whose capture was cut: every upload but (at most) the one that had the budget to
+    // itself. (The outcome alone can read client_gone instead of truncated when a client closes as the last
+    // bytes go out, so the count is what is asserted.)
+    let cut = tap.metric("llmtap_capture_over_budget_total");
     let traces = tap.wait_for_traces(UPLOADS);
-    let truncated = traces.iter().filter(|t| t["outcome"] == "truncated").count();
-    assert!(truncated >= UPLOADS - 1, "{truncated} of {UPLOADS} truncated");
+    let outcomes: Vec<&Value> = traces.iter().map(|t| &t["outcome"]).collect();
+    assert!(
+        cut >= UPLOADS as u64 - 1,
+        "{cut} of {UPLOADS} uploads cut at the 4 MiB budget; outcomes {outcomes:?}"
+    );
     assert!(
         peak < baseline + 96,
         "{UPLOADS} uploads of 16 MiB held {peak} MiB (baseline {baseline} MiB) with a 4 MiB capture budget"
