@@ -27,7 +27,7 @@ pub struct StoreArgs {
 
 #[derive(Debug, Args, Clone, Default)]
 pub struct Selection {
-    /// Only this session (the x-llmtap-session value) or trajectory id.
+    /// Only the calls with this session id (the agent's x-llmtap-session value) or trajectory id.
     #[arg(long)]
     pub session: Option<String>,
     /// Only calls started at or after this RFC 3339 time.

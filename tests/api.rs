@@ -8,13 +8,6 @@ use std::time::Duration;
 
 use common::*;
 use llmtap::api::pb;
-use llmtap::api::pb::llm_tap_client::LlmTapClient;
-
-async fn connect(tap: &Llmtap) -> LlmTapClient<tonic::transport::Channel> {
-    LlmTapClient::connect(format!("http://{}", tap.api_addr.expect("api enabled")))
-        .await
-        .unwrap()
-}
 
 async fn next_event(stream: &mut tonic::Streaming<pb::Event>) -> pb::Event {
     tokio::time::timeout(Duration::from_secs(10), stream.message())
@@ -29,7 +22,7 @@ async fn live_subscription_sees_each_step_as_its_call_completes() {
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
-    let mut api = connect(&tap).await;
+    let mut api = api_client(&tap).await;
     let mut stream = api
         .subscribe(pb::SubscribeRequest::default())
         .await
@@ -110,7 +103,7 @@ async fn subscriptions_filter_by_session_and_agent() {
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
-    let mut api = connect(&tap).await;
+    let mut api = api_client(&tap).await;
     let mut only_b = api
         .subscribe(pb::SubscribeRequest {
             session: "b".into(),
@@ -171,7 +164,7 @@ async fn live_localharness_subscription_streams_tool_calls_then_their_results() 
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
-    let mut api = connect(&tap).await;
+    let mut api = api_client(&tap).await;
     let mut stream = api
         .subscribe(pb::SubscribeRequest {
             format: "localharness".into(),
@@ -233,7 +226,7 @@ async fn export_over_grpc_matches_the_cli() {
         assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, f.status);
     }
     tap.wait_for_traces(calls.len());
-    let mut api = connect(&tap).await;
+    let mut api = api_client(&tap).await;
     for format in ["atif", "letta", "turnwise", "localharness", "steps"] {
         let mut stream = api
             .export(pb::ExportRequest {

@@ -9,14 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use llmtap::api::pb;
-use llmtap::api::pb::llm_tap_client::LlmTapClient;
 use tonic::Request;
-
-async fn connect(tap: &Llmtap) -> LlmTapClient<tonic::transport::Channel> {
-    LlmTapClient::connect(format!("http://{}", tap.api_addr.unwrap()))
-        .await
-        .unwrap()
-}
 
 fn with_token<T>(msg: T, value: &str) -> Request<T> {
     let mut r = Request::new(msg);
@@ -25,7 +18,7 @@ fn with_token<T>(msg: T, value: &str) -> Request<T> {
 }
 
 async fn check_token(tap: &Llmtap, token: &str) {
-    let mut api = connect(tap).await;
+    let mut api = api_client(tap).await;
     let bearer = format!("Bearer {token}");
     for presented in [None, Some("Bearer wrong"), Some(token), Some("Bearer ")] {
         let req = match presented {
@@ -63,21 +56,11 @@ async fn check_token(tap: &Llmtap, token: &str) {
         .into_inner()
         .sessions;
     assert_eq!(sessions.len(), 1);
-    let mut stream = api
-        .export(with_token(
-            pb::ExportRequest {
-                format: "steps".into(),
-                ..Default::default()
-            },
-            &bearer,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = stream.message().await.unwrap() {
-        bytes.extend_from_slice(&chunk.data);
-    }
+    let request = pb::ExportRequest {
+        format: "steps".into(),
+        ..Default::default()
+    };
+    let bytes = api_export(&mut api, with_token(request, &bearer)).await;
     assert_eq!(
         String::from_utf8(bytes).unwrap(),
         tap.cli(&["export", "--format", "steps"])

@@ -9,7 +9,6 @@ use std::process::Stdio;
 
 use common::*;
 use llmtap::api::pb;
-use llmtap::api::pb::llm_tap_client::LlmTapClient;
 use serde_json::Value;
 
 /// Every secret value sent, each unique so that a leak names itself.
@@ -47,22 +46,11 @@ fn assert_no_secret(place: &str, text: &[u8]) {
 }
 
 async fn grpc_export(tap: &Llmtap) -> Vec<u8> {
-    let mut api = LlmTapClient::connect(format!("http://{}", tap.api_addr.expect("api enabled")))
-        .await
-        .unwrap();
-    let mut stream = api
-        .export(pb::ExportRequest {
-            format: "provider-traces".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = stream.message().await.unwrap() {
-        bytes.extend_from_slice(&chunk.data);
-    }
-    bytes
+    let request = pb::ExportRequest {
+        format: "provider-traces".into(),
+        ..Default::default()
+    };
+    api_export(&mut api_client(tap).await, request).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -559,6 +559,29 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_llmtap")
 }
 
+/// A client of llmtap's gRPC API.
+pub type ApiClient = llmtap::api::pb::llm_tap_client::LlmTapClient<tonic::transport::Channel>;
+
+/// Connect to the instance's gRPC API (it must be enabled).
+pub async fn api_client(tap: &Llmtap) -> ApiClient {
+    ApiClient::connect(format!("http://{}", tap.api_addr.expect("api enabled")))
+        .await
+        .unwrap()
+}
+
+/// An `Export` call's chunks, read to the end of the stream.
+pub async fn api_export(
+    api: &mut ApiClient,
+    request: impl tonic::IntoRequest<llmtap::api::pb::ExportRequest>,
+) -> Vec<u8> {
+    let mut stream = api.export(request).await.unwrap().into_inner();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        bytes.extend_from_slice(&chunk.data);
+    }
+    bytes
+}
+
 /// `command` without the developer's `OTEL_*` and `LLMTAP_*` variables: a test's llmtap is configured by the
 /// test alone (an exported `OTEL_EXPORTER_OTLP_ENDPOINT` would add a sink, `LLMTAP_DATA_DIR` move the store).
 pub fn clean_env(command: &mut Command) -> &mut Command {

@@ -161,8 +161,9 @@ fn grpc_request<T>(cfg: &OtlpConfig, body: T) -> tonic::Request<T> {
     request
 }
 
-/// `http_post` with `timeout` over the whole exchange, response body included. Only the response head had a
-/// timeout: a receiver that sent its headers and never finished the body held the sink (and its cursor) forever.
+/// POST one OTLP/HTTP body; the response body on 2xx, a classified error otherwise. `timeout` covers the whole
+/// exchange, response body included: a receiver that sent its headers and never finished the body would
+/// otherwise hold the sink (and its cursor) forever.
 async fn http_post_within_timeout(
     client: &Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     cfg: &OtlpConfig,
@@ -170,19 +171,18 @@ async fn http_post_within_timeout(
     body: Vec<u8>,
     json: bool,
 ) -> Result<Bytes, SendError> {
-    tokio::time::timeout(cfg.timeout, http_post(client, cfg, uri, body, json))
+    let request = http_request(cfg, uri, body, json)?;
+    tokio::time::timeout(cfg.timeout, http_exchange(client, request))
         .await
         .unwrap_or_else(|_| Err(retry("timed out", None)))
 }
 
-/// POST one OTLP/HTTP body; the response body on 2xx, a classified error otherwise.
-async fn http_post(
-    client: &Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+fn http_request(
     cfg: &OtlpConfig,
     uri: http::Uri,
     body: Vec<u8>,
     json: bool,
-) -> Result<Bytes, SendError> {
+) -> Result<http::Request<Full<Bytes>>, SendError> {
     let content_type = if json {
         "application/json"
     } else {
@@ -191,20 +191,32 @@ async fn http_post(
     let mut builder = http::Request::post(uri).header("content-type", content_type);
     let body = if cfg.gzip {
         builder = builder.header("content-encoding", "gzip");
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        let _ = enc.write_all(&body);
-        enc.finish().unwrap_or_default()
+        gzip(&body).map_err(|e| SendError::Rejected {
+            message: format!("cannot gzip the request: {e}"),
+        })?
     } else {
         body
     };
     for (k, v) in &cfg.headers {
         builder = builder.header(k.as_str(), v.as_str());
     }
-    let request = builder
+    builder
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| SendError::Rejected {
             message: format!("cannot build the request: {e}"),
-        })?;
+        })
+}
+
+fn gzip(body: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(body)?;
+    enc.finish()
+}
+
+async fn http_exchange(
+    client: &Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    request: http::Request<Full<Bytes>>,
+) -> Result<Bytes, SendError> {
     let resp = client
         .request(request)
         .await
