@@ -221,19 +221,27 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-/// GET /metrics over a plain TCP connection (HTTP/1.0, loopback only).
+/// GET /metrics from a running llmtap (hyper's client on a one-off runtime; 5 s to answer).
 fn fetch_metrics(addr: &str) -> Result<String> {
-    use std::io::Read;
-    let mut stream = std::net::TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-    stream.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
-    let mut resp = String::new();
-    stream.read_to_string(&mut resp)?;
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok(body)
+    use http_body_util::BodyExt;
+    let uri: http::Uri = format!("http://{addr}/metrics")
+        .parse()
+        .with_context(|| format!("{addr} is not a host:port"))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let fetch = async {
+            let response = client.get(uri).await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            anyhow::ensure!(status.is_success(), "/metrics answered {status}");
+            Ok(String::from_utf8_lossy(&body).into_owned())
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), fetch)
+            .await
+            .context("no answer within 5 s")?
+    })
 }
 
 async fn wait_for_signal() {

@@ -259,9 +259,25 @@ async fn kill_9_keeps_every_exchange_completed_more_than_the_window_before() {
     for c in clients {
         c.await.unwrap();
     }
-    // Every response is complete here. The guarantee counts from then.
+    // Every response is complete here. The guarantee counts from then, while capture keeps up: on a loaded
+    // machine the pipeline may need longer than the window, so the kill waits for the window and for the
+    // store to show every trace committed to another connection (what kill -9 must not undo).
     assert_eq!(tap.metric("llmtap_capture_dropped_total"), 0, "capture kept up");
     tokio::time::sleep(KILL_WINDOW).await;
+    let db = open_store_db(dir.path());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let committed: i64 = db.query_row("SELECT COUNT(*) FROM traces", [], |r| r.get(0)).unwrap();
+        if committed as usize >= N {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store committed only {committed} of {N} traces"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(db);
     tap.kill9();
 
     let tap = Llmtap::start(&config, dir.path());

@@ -53,21 +53,11 @@ pub fn user_key(m: &Message) -> String {
     out
 }
 
-/// Whether tool call ids can be trusted to survive the echo. Providers that assign ids (OpenAI, Anthropic)
-/// see them echoed verbatim; Gemini usually returns calls without ids and clients invent their own when they
-/// echo, so there a call is known by its name and canonical arguments instead.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallIds {
-    Stable,
-    ClientAssigned,
-}
+pub use crate::model::call::CallIds;
 
 impl CallIds {
     pub fn of(api: Api) -> CallIds {
-        match api {
-            Api::GeminiGenerateContent => CallIds::ClientAssigned,
-            _ => CallIds::Stable,
-        }
+        crate::provider::call_ids(api)
     }
 }
 

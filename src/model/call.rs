@@ -144,6 +144,15 @@ pub struct Output {
     pub tool_calls: Vec<ToolCall>,
 }
 
+/// Whether tool call ids can be trusted to survive a client's echo. Providers that assign ids (OpenAI,
+/// Anthropic) see them echoed verbatim; Gemini usually returns calls without ids and clients invent their own
+/// when they echo, so there a call is known by its name and canonical arguments instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallIds {
+    Stable,
+    ClientAssigned,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NormalizedCall {
     #[serde(skip_serializing_if = "Option::is_none")]

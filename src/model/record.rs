@@ -10,3 +10,45 @@ pub enum Record {
     Step(Box<Step>),
     Trajectory(Box<TrajectorySummary>),
 }
+
+/// What an export-log entry stands for; its `ref` names the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportKind {
+    /// An LLM call (ref = trace id), logged when its agent step is first written.
+    Chat,
+    /// A step received tool results (ref = step id).
+    Tools,
+    /// A trajectory closed (ref = trajectory id).
+    Agent,
+}
+
+impl ExportKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExportKind::Chat => "chat",
+            ExportKind::Tools => "tools",
+            ExportKind::Agent => "agent",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ExportKind> {
+        match s {
+            "chat" => Some(ExportKind::Chat),
+            "tools" => Some(ExportKind::Tools),
+            "agent" => Some(ExportKind::Agent),
+            _ => None,
+        }
+    }
+}
+
+/// A position in the export log (the order sinks deliver in), distinct from a trace's own sequence number.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ExportSeq(pub i64);
+
+/// One export-log entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportEntry {
+    pub seq: ExportSeq,
+    pub kind: ExportKind,
+    pub reference: String,
+}

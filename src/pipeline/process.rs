@@ -116,8 +116,8 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         let content_type = resp.header("content-type").unwrap_or("").to_ascii_lowercase();
         let sse =
             content_type.contains("text/event-stream") || (!content_type.contains("json") && looks_like_sse(&text));
-        // Gemini without ?alt=sse streams one JSON array of chunks.
-        let json_array_stream = ex.path.contains(":streamGenerateContent") && text.trim_start().starts_with('[');
+        let json_array_stream =
+            adapter.is_some_and(|a| a.streams_json_array(&ex.path)) && text.trim_start().starts_with('[');
         if sse || json_array_stream {
             let events = if sse {
                 parse_events(&text)

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
+use crate::config::ApiFamily;
 use crate::model::call::{
     FinishReason, Message, NormalizedCall, Output, Part, Role, ToolCall, ToolDef, content_to_text, media_reference,
     parse_arguments,
@@ -24,6 +25,19 @@ pub struct AnthropicMessages;
 impl ProviderAdapter for AnthropicMessages {
     fn api(&self) -> Api {
         Api::AnthropicMessages
+    }
+
+    fn family(&self) -> ApiFamily {
+        ApiFamily::Anthropic
+    }
+
+    /// `/v1/messages`, not `/v1/messages/count_tokens` or the batch endpoints.
+    fn matches_path(&self, path: &str) -> bool {
+        path.ends_with("/messages")
+    }
+
+    fn otel_provider_name<'a>(&self, _upstream: &'a str) -> &'a str {
+        "anthropic"
     }
 
     fn reassemble(&self, events: &[SseEvent]) -> Result<Value, AdapterError> {

@@ -11,6 +11,8 @@ use serde_json::{Map, Value, json};
 use super::{AdapterError, CallContext, ProviderAdapter, error_from_body, join_nonempty, json_events, value_str};
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
+use crate::config::ApiFamily;
+use crate::model::call::CallIds;
 use crate::model::call::{
     FinishReason, Message, NormalizedCall, Output, Part, Role, ToolCall, ToolDef, content_to_text, media_reference,
 };
@@ -27,6 +29,28 @@ fn field<'a, 'j>(v: &'a Json<'j>, camel: &str, snake: &str) -> Option<&'a Json<'
 impl ProviderAdapter for Gemini {
     fn api(&self) -> Api {
         Api::GeminiGenerateContent
+    }
+
+    fn family(&self) -> ApiFamily {
+        ApiFamily::Gemini
+    }
+
+    fn matches_path(&self, path: &str) -> bool {
+        path.ends_with(":generateContent") || path.ends_with(":streamGenerateContent")
+    }
+
+    /// Without `?alt=sse`, `streamGenerateContent` answers one JSON array of chunks.
+    fn streams_json_array(&self, path: &str) -> bool {
+        path.contains(":streamGenerateContent")
+    }
+
+    /// Gemini returns calls without ids; clients invent their own when they echo them.
+    fn call_ids(&self) -> CallIds {
+        CallIds::ClientAssigned
+    }
+
+    fn otel_provider_name<'a>(&self, _upstream: &'a str) -> &'a str {
+        "gcp.gemini"
     }
 
     fn reassemble(&self, events: &[SseEvent]) -> Result<Value, AdapterError> {

@@ -1,9 +1,12 @@
 //! Provider adapters: one file per wire protocol, each pure and synchronous (no I/O, no clock, no logging),
 //! so they are golden-tested directly and run on the pipeline thread.
 //!
-//! An adapter does two things: rebuild the single JSON body a non-streamed call would have returned from a
-//! captured stream, and read a request/response pair into a [`NormalizedCall`]. Unknown fields are never
-//! rejected: reassembly carries them along, normalization ignores what it does not need.
+//! An adapter owns everything that differs between wire protocols, so that adding a provider is one adapter
+//! file plus its `Api` (model) and `ApiFamily` (config) names: which request paths are its calls, how its
+//! streams are framed, whether its tool call ids survive a client's echo, its OpenTelemetry provider name,
+//! rebuilding the single JSON body a non-streamed call would have returned from a captured stream, and reading
+//! a request/response pair into a [`NormalizedCall`]. Unknown fields are never rejected: reassembly carries
+//! them along, normalization ignores what it does not need.
 
 pub mod anthropic;
 pub mod gemini;
@@ -14,7 +17,8 @@ use serde_json::{Map, Value};
 
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
-use crate::model::call::{CallError, NormalizedCall};
+use crate::config::ApiFamily;
+use crate::model::call::{CallError, CallIds, NormalizedCall};
 use crate::model::json::Json;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +39,20 @@ pub struct CallContext<'a> {
 
 pub trait ProviderAdapter: Send + Sync + 'static {
     fn api(&self) -> Api;
+    /// The upstream family (`upstreams.*.api` in the config) whose traffic this adapter reads.
+    fn family(&self) -> ApiFamily;
+    /// Whether a request path (query removed) on an upstream of this family is one of this adapter's calls.
+    fn matches_path(&self, path: &str) -> bool;
+    /// Whether a response to `path` that is not SSE is a stream sent as one JSON array of chunks.
+    fn streams_json_array(&self, _path: &str) -> bool {
+        false
+    }
+    /// Whether the provider assigns tool call ids that clients echo verbatim.
+    fn call_ids(&self) -> CallIds {
+        CallIds::Stable
+    }
+    /// `gen_ai.provider.name` for calls through an upstream named `upstream`.
+    fn otel_provider_name<'a>(&self, upstream: &'a str) -> &'a str;
     /// Rebuild the response JSON a non-streamed call would have returned. A mid-stream error is kept as a
     /// top-level `error` member next to whatever was generated before it.
     fn reassemble(&self, events: &[SseEvent]) -> Result<Value, AdapterError>;
@@ -57,15 +75,35 @@ pub trait ProviderAdapter: Send + Sync + 'static {
     }
 }
 
-/// The closed set of adapters.
+/// The closed set of adapters: registering a provider is one line here.
+const ADAPTERS: [&dyn ProviderAdapter; 4] = [
+    &openai_chat::OpenAiChat,
+    &openai_responses::OpenAiResponses,
+    &anthropic::AnthropicMessages,
+    &gemini::Gemini,
+];
+
 pub fn adapter_for(api: Api) -> Option<&'static dyn ProviderAdapter> {
-    match api {
-        Api::OpenAiChat => Some(&openai_chat::OpenAiChat),
-        Api::OpenAiResponses => Some(&openai_responses::OpenAiResponses),
-        Api::AnthropicMessages => Some(&anthropic::AnthropicMessages),
-        Api::GeminiGenerateContent => Some(&gemini::Gemini),
-        Api::Other => None,
-    }
+    ADAPTERS.into_iter().find(|a| a.api() == api)
+}
+
+/// Which API a request on an upstream of `family` speaks, from its path (query removed); `Other` for the
+/// family's endpoints llmtap forwards without reading (embeddings, model lists, token counting, ...).
+pub fn detect_api(family: ApiFamily, path: &str) -> Api {
+    ADAPTERS
+        .into_iter()
+        .find(|a| a.family() == family && a.matches_path(path))
+        .map_or(Api::Other, |a| a.api())
+}
+
+/// `gen_ai.provider.name` of a call: the adapter's well-known name, else the upstream's own name.
+pub fn otel_provider_name(api: Api, upstream: &str) -> &str {
+    adapter_for(api).map_or(upstream, |a| a.otel_provider_name(upstream))
+}
+
+/// Whether the API's tool call ids survive the client's echo (unknown APIs: assume they do).
+pub fn call_ids(api: Api) -> CallIds {
+    adapter_for(api).map_or(CallIds::Stable, |a| a.call_ids())
 }
 
 // === helpers shared by the adapters ===
@@ -129,4 +167,44 @@ pub(crate) fn error_from_body(body: &Json<'_>, status: Option<u16>) -> Option<Ca
 pub(crate) fn join_nonempty(parts: impl IntoIterator<Item = String>, sep: &str) -> Option<String> {
     let v: Vec<String> = parts.into_iter().filter(|s| !s.is_empty()).collect();
     if v.is_empty() { None } else { Some(v.join(sep)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_detection() {
+        assert_eq!(detect_api(ApiFamily::Openai, "/v1/chat/completions"), Api::OpenAiChat);
+        assert_eq!(detect_api(ApiFamily::Openai, "/v1/responses"), Api::OpenAiResponses);
+        assert_eq!(detect_api(ApiFamily::Openai, "/v1/embeddings"), Api::Other);
+        assert_eq!(detect_api(ApiFamily::Anthropic, "/v1/messages"), Api::AnthropicMessages);
+        assert_eq!(
+            detect_api(ApiFamily::Anthropic, "/v1/messages/count_tokens"),
+            Api::Other
+        );
+        assert_eq!(
+            detect_api(
+                ApiFamily::Gemini,
+                "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
+            ),
+            Api::GeminiGenerateContent
+        );
+    }
+
+    #[test]
+    fn the_adapter_owns_its_provider_facts() {
+        assert_eq!(call_ids(Api::GeminiGenerateContent), CallIds::ClientAssigned);
+        assert_eq!(call_ids(Api::AnthropicMessages), CallIds::Stable);
+        assert_eq!(otel_provider_name(Api::AnthropicMessages, "claude-proxy"), "anthropic");
+        assert_eq!(otel_provider_name(Api::OpenAiChat, "openai"), "openai");
+        assert_eq!(otel_provider_name(Api::OpenAiChat, "groq"), "groq");
+        assert_eq!(otel_provider_name(Api::Other, "x"), "x");
+        let gemini = adapter_for(Api::GeminiGenerateContent).unwrap();
+        assert!(gemini.streams_json_array("/v1beta/models/g:streamGenerateContent"));
+        assert!(!gemini.streams_json_array("/v1beta/models/g:generateContent"));
+        for a in ADAPTERS {
+            assert_eq!(adapter_for(a.api()).map(|b| b.api()), Some(a.api()));
+        }
+    }
 }

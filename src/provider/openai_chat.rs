@@ -9,6 +9,7 @@ use serde_json::{Map, Value, json};
 use super::{AdapterError, CallContext, ProviderAdapter, append_str, error_from_body, join_nonempty, json_events};
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
+use crate::config::ApiFamily;
 use crate::model::call::{
     FinishReason, Message, NormalizedCall, Output, Part, Role, ToolCall, ToolDef, content_to_text, media_reference,
     parse_arguments,
@@ -27,6 +28,19 @@ const TEXT_DELTA_FIELDS: &[&str] = &["content", "reasoning_content", "reasoning"
 impl ProviderAdapter for OpenAiChat {
     fn api(&self) -> Api {
         Api::OpenAiChat
+    }
+
+    fn family(&self) -> ApiFamily {
+        ApiFamily::Openai
+    }
+
+    fn matches_path(&self, path: &str) -> bool {
+        path.ends_with("/chat/completions")
+    }
+
+    /// The OpenAI family also serves OpenAI-compatible servers: only the upstream named `openai` is OpenAI.
+    fn otel_provider_name<'a>(&self, upstream: &'a str) -> &'a str {
+        upstream
     }
 
     fn reassemble(&self, events: &[SseEvent]) -> Result<Value, AdapterError> {

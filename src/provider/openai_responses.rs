@@ -12,6 +12,7 @@ use super::{
 };
 use crate::capture::Api;
 use crate::capture::sse::SseEvent;
+use crate::config::ApiFamily;
 use crate::model::call::{
     FinishReason, Message, NormalizedCall, Output, Part, Role, ToolCall, ToolDef, content_to_text, media_reference,
     parse_arguments,
@@ -24,6 +25,19 @@ pub struct OpenAiResponses;
 impl ProviderAdapter for OpenAiResponses {
     fn api(&self) -> Api {
         Api::OpenAiResponses
+    }
+
+    fn family(&self) -> ApiFamily {
+        ApiFamily::Openai
+    }
+
+    fn matches_path(&self, path: &str) -> bool {
+        path.ends_with("/responses")
+    }
+
+    /// The OpenAI family also serves OpenAI-compatible servers: only the upstream named `openai` is OpenAI.
+    fn otel_provider_name<'a>(&self, upstream: &'a str) -> &'a str {
+        upstream
     }
 
     fn reassemble(&self, events: &[SseEvent]) -> Result<Value, AdapterError> {

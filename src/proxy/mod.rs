@@ -25,10 +25,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::capture::{CaptureTx, Captured, ExchangeMeta, Outcome, RawExchange, Timings, exchange_id, now_micros};
 use crate::config::{Config, ServerConfig};
+use crate::provider::detect_api;
 use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
 use forward::{Clients, strip_hop_by_hop, upstream_request_headers, upstream_uri};
 use limits::{ConnActivity, GuardedBody};
-use route::{Router, detect_api};
+use route::Router;
 use tap::{PendingExchange, RequestSlot, Tap, TapBody};
 
 pub type ProxyBody = Either<TapBody<Incoming>, Full<Bytes>>;

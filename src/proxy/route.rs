@@ -6,8 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::capture::Api;
-use crate::config::{ApiFamily, UpstreamConfig};
+use crate::config::UpstreamConfig;
 
 #[derive(Debug)]
 pub struct Route<'a> {
@@ -88,35 +87,6 @@ fn percent_decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
 
-/// Which API a request on an upstream of `family` speaks, from its path (without query).
-pub fn detect_api(family: ApiFamily, path: &str) -> Api {
-    match family {
-        ApiFamily::Openai => {
-            if path.ends_with("/chat/completions") {
-                Api::OpenAiChat
-            } else if path.ends_with("/responses") {
-                Api::OpenAiResponses
-            } else {
-                Api::Other
-            }
-        }
-        ApiFamily::Anthropic => {
-            if path.ends_with("/messages") {
-                Api::AnthropicMessages
-            } else {
-                Api::Other
-            }
-        }
-        ApiFamily::Gemini => {
-            if path.ends_with(":generateContent") || path.ends_with(":streamGenerateContent") {
-                Api::GeminiGenerateContent
-            } else {
-                Api::Other
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,24 +130,5 @@ mod tests {
         assert_eq!(route.agent.as_deref(), Some("planner"));
         assert_eq!(&*route.upstream.name, "openai");
         assert_eq!(route.rest, "/v1/chat/completions");
-    }
-
-    #[test]
-    fn api_detection() {
-        assert_eq!(detect_api(ApiFamily::Openai, "/v1/chat/completions"), Api::OpenAiChat);
-        assert_eq!(detect_api(ApiFamily::Openai, "/v1/responses"), Api::OpenAiResponses);
-        assert_eq!(detect_api(ApiFamily::Openai, "/v1/embeddings"), Api::Other);
-        assert_eq!(detect_api(ApiFamily::Anthropic, "/v1/messages"), Api::AnthropicMessages);
-        assert_eq!(
-            detect_api(ApiFamily::Anthropic, "/v1/messages/count_tokens"),
-            Api::Other
-        );
-        assert_eq!(
-            detect_api(
-                ApiFamily::Gemini,
-                "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
-            ),
-            Api::GeminiGenerateContent
-        );
     }
 }

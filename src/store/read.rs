@@ -12,6 +12,7 @@ use super::codec::decompress;
 use crate::config::StoreConfig;
 use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings};
 use crate::model::json::JsonText;
+use crate::model::record::{ExportEntry, ExportKind, ExportSeq};
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::telemetry::Metrics;
@@ -312,31 +313,45 @@ impl StoreReader {
         }
     }
 
-    /// Export log entries after `after`, oldest first: (seq, kind, ref).
-    pub fn export_log(&self, after: i64, limit: usize) -> Result<Vec<(i64, String, String)>, StoreError> {
+    /// Export log entries after `after`, oldest first, at most `limit` rows read.
+    pub fn export_log(&self, after: ExportSeq, limit: usize) -> Result<Vec<ExportEntry>, StoreError> {
         let mut stmt = self
             .conn
             .prepare_cached("SELECT seq, kind, ref FROM export_log WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
-        let rows = stmt.query_map(rusqlite::params![after, limit as i64], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        let rows = stmt.query_map(rusqlite::params![after.0, limit as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let mut entries = Vec::new();
+        for row in rows {
+            let (seq, kind, reference) = row?;
+            let kind = ExportKind::parse(&kind).ok_or_else(|| StoreError::Corrupt {
+                id: format!("export_log {seq}"),
+                what: format!("unknown kind {kind:?}"),
+            })?;
+            entries.push(ExportEntry {
+                seq: ExportSeq(seq),
+                kind,
+                reference,
+            });
+        }
+        Ok(entries)
     }
 
     /// How many export-log entries lie after `after` (a sink's lag).
-    pub fn export_pending(&self, after: i64) -> Result<u64, StoreError> {
+    pub fn export_pending(&self, after: ExportSeq) -> Result<u64, StoreError> {
         let n: i64 = self
             .conn
             .prepare_cached("SELECT COUNT(*) FROM export_log WHERE seq > ?1")?
-            .query_row([after], |r| r.get(0))?;
+            .query_row([after.0], |r| r.get(0))?;
         Ok(n.max(0) as u64)
     }
 
-    pub fn export_head(&self) -> Result<i64, StoreError> {
-        Ok(self
-            .conn
-            .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM export_log")?
-            .query_row([], |r| r.get(0))?)
+    pub fn export_head(&self) -> Result<ExportSeq, StoreError> {
+        Ok(ExportSeq(
+            self.conn
+                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM export_log")?
+                .query_row([], |r| r.get(0))?,
+        ))
     }
 
     pub fn count_traces(&self) -> Result<u64, StoreError> {
@@ -519,21 +534,21 @@ impl Cursor {
         })
     }
 
-    pub fn get(&self) -> Result<i64, StoreError> {
+    pub fn get(&self) -> Result<ExportSeq, StoreError> {
         let v: Option<i64> = self
             .conn
             .prepare_cached("SELECT seq FROM cursors WHERE sink = ?1")?
             .query_row([&self.sink], |r| r.get(0))
             .optional()?;
-        Ok(v.unwrap_or(0))
+        Ok(ExportSeq(v.unwrap_or(0)))
     }
 
-    pub fn set(&self, seq: i64) -> Result<(), StoreError> {
+    pub fn set(&self, seq: ExportSeq) -> Result<(), StoreError> {
         self.conn
             .prepare_cached(
                 "INSERT INTO cursors (sink, seq) VALUES (?1, ?2) ON CONFLICT(sink) DO UPDATE SET seq = excluded.seq",
             )?
-            .execute(rusqlite::params![self.sink, seq])?;
+            .execute(rusqlite::params![self.sink, seq.0])?;
         Ok(())
     }
 }

@@ -17,6 +17,7 @@ use super::codec::compress;
 use super::{Record, StoreError};
 use crate::config::StoreConfig;
 use crate::model::json::JsonText;
+use crate::model::record::ExportKind;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::telemetry::Metrics;
@@ -210,9 +211,9 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
     Ok(())
 }
 
-fn log_export(tx: &rusqlite::Transaction<'_>, kind: &str, reference: &str) -> Result<(), StoreError> {
+fn log_export(tx: &rusqlite::Transaction<'_>, kind: ExportKind, reference: &str) -> Result<(), StoreError> {
     tx.prepare_cached("INSERT INTO export_log (kind, ref) VALUES (?1, ?2)")?
-        .execute(params![kind, reference])?;
+        .execute(params![kind.as_str(), reference])?;
     Ok(())
 }
 
@@ -248,10 +249,10 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreErro
     ])?;
     // An agent step's first write is when its call's span can be built (trace row and step both present).
     if !exists && let (crate::model::step::StepRole::Agent, Some(trace_id)) = (s.role, &s.provider_trace_id) {
-        log_export(tx, "chat", trace_id)?;
+        log_export(tx, ExportKind::Chat, trace_id)?;
     }
     if exists && !s.observations.is_empty() {
-        log_export(tx, "tools", &s.step_id)?;
+        log_export(tx, ExportKind::Tools, &s.step_id)?;
     }
     Ok(())
 }
@@ -277,7 +278,7 @@ fn upsert_trajectory(tx: &rusqlite::Transaction<'_>, t: &TrajectorySummary) -> R
              tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)")?.execute(params![t.trajectory_id, t.session_id, us(&t.started_at), us(&t.ended_at), body, prompts, tools],
     )?;
     if t.closed {
-        log_export(tx, "agent", &t.trajectory_id)?;
+        log_export(tx, ExportKind::Agent, &t.trajectory_id)?;
     }
     Ok(())
 }

@@ -75,8 +75,8 @@ impl Sink for OtlpSink {
         let mut builder = spans::SpanBuilder::new(reader, self.config.capture_content, &self.servers);
         let mut all = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        for (_, kind, reference) in entries {
-            for s in builder.spans_for(kind, reference)? {
+        for entry in entries {
+            for s in builder.spans_for(entry.kind, &entry.reference)? {
                 // The same tool span can be logged twice (results arriving in two updates): send it once per batch.
                 if seen.insert((s.trace_id.clone(), s.span_id.clone())) {
                     all.push(s);

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::model::call::{Message, NormalizedCall, Part, Role};
+use crate::model::record::ExportKind;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::provider::{CallContext, adapter_for};
@@ -134,16 +135,6 @@ fn parse_traceparent(tp: &str) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((t, sp))
 }
 
-/// gen_ai.provider.name for an upstream: the well-known values, else the upstream's own name.
-fn provider_name(upstream: &str, api: crate::model::exchange::Api) -> String {
-    match (upstream, api) {
-        (_, crate::model::exchange::Api::AnthropicMessages) => "anthropic".into(),
-        (_, crate::model::exchange::Api::GeminiGenerateContent) => "gcp.gemini".into(),
-        ("openai", _) => "openai".into(),
-        (other, _) => other.to_owned(),
-    }
-}
-
 fn otel_messages(messages: &[Message]) -> Value {
     Value::Array(
         messages
@@ -199,24 +190,23 @@ impl<'a> SpanBuilder<'a> {
     }
 
     /// Spans for one export-log entry (empty when its records are gone, e.g. evicted).
-    pub fn spans_for(&mut self, kind: &str, reference: &str) -> Result<Vec<Span>, StoreError> {
+    pub fn spans_for(&mut self, kind: ExportKind, reference: &str) -> Result<Vec<Span>, StoreError> {
         match kind {
-            "chat" => {
+            ExportKind::Chat => {
                 let Some(trace) = self.reader.trace(reference)? else {
                     return Ok(Vec::new());
                 };
                 let step = self.reader.step_for_trace(reference)?;
                 Ok(vec![self.chat_span(&trace, step.as_ref())?])
             }
-            "tools" => match self.reader.step(reference)? {
+            ExportKind::Tools => match self.reader.step(reference)? {
                 Some(step) => self.tool_spans(&step),
                 None => Ok(Vec::new()),
             },
-            "agent" => match self.reader.trajectory(reference)? {
+            ExportKind::Agent => match self.reader.trajectory(reference)? {
                 Some(t) => Ok(vec![self.agent_span(&t)?]),
                 None => Ok(Vec::new()),
             },
-            _ => Ok(Vec::new()),
         }
     }
 
@@ -241,7 +231,10 @@ impl<'a> SpanBuilder<'a> {
             .unwrap_or_default();
         let mut attrs = vec![
             s(sc::GEN_AI_OPERATION_NAME, sc::OP_CHAT),
-            s(sc::GEN_AI_PROVIDER_NAME, provider_name(&trace.upstream, trace.api)),
+            s(
+                sc::GEN_AI_PROVIDER_NAME,
+                crate::provider::otel_provider_name(trace.api, &trace.upstream),
+            ),
             s(sc::GEN_AI_CONVERSATION_ID, traj.clone()),
             s(sc::LLMTAP_TRAJECTORY_ID, traj.clone()),
             s(sc::LLMTAP_PROVIDER_TRACE_ID, trace.id.clone()),

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::retry::RetryPolicy;
 use super::{Accepted, SendError, Sink};
+use crate::model::record::ExportSeq;
 use crate::store::{Cursor, StoreError, StoreReader};
 use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics, SinkStats};
 
@@ -47,7 +48,7 @@ struct StoreHandles {
 /// A batch read from the store, with where it ends in the export log.
 struct Read<B> {
     batch: B,
-    last_seq: i64,
+    last_seq: ExportSeq,
     entries: u64,
     /// Entries after the cursor when the batch was read (the sink's lag).
     pending: u64,
@@ -236,7 +237,7 @@ impl<S: Sink> Driver<S> {
         self.with_store(move |h| {
             let after = h.cursor.get()?;
             let entries = h.reader.export_log(after, batch_size)?;
-            let Some(last_seq) = entries.last().map(|e| e.0) else {
+            let Some(last_seq) = entries.last().map(|e| e.seq) else {
                 return Ok(None);
             };
             let pending = h.reader.export_pending(after)?;

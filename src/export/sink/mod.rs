@@ -23,8 +23,7 @@ use std::time::Duration;
 
 use crate::store::{StoreError, StoreReader};
 
-/// One export-log entry: (seq, kind, ref).
-pub type LogEntry = (i64, String, String);
+pub use crate::model::record::ExportEntry as LogEntry;
 
 /// A destination for what the store logs for export.
 pub trait Sink: Send + Sync + 'static {
