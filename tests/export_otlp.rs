@@ -664,3 +664,66 @@ async fn several_destinations_each_get_everything() {
     let ids = |r: &Receiver| r.spans().iter().map(|s| s.span_id.clone()).collect::<HashSet<_>>();
     assert_eq!(ids(&grpc), ids(&http), "both destinations get the same spans");
 }
+
+/// Chat spans are built from the facts stored with each call; a store whose rows have no facts (written before
+/// they were kept) is read from its bodies and exports the same spans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_from_stored_facts_equal_spans_read_from_the_bodies() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = [
+        "pydantic-ai__anthropic_parallel_tools_agent",
+        "pydantic-ai__gemini_tool_loop_5calls",
+        "pydantic-ai__groq_retry_after_midstream_error",
+    ];
+    let chat_spans = |spans: Vec<Span>| -> Vec<(Vec<u8>, String, Vec<(String, String)>, Option<i32>)> {
+        let mut out: Vec<_> = spans
+            .into_iter()
+            .filter(|s| s.name.starts_with("chat"))
+            .map(|s| {
+                let mut attrs: Vec<(String, String)> = s
+                    .attributes
+                    .iter()
+                    .map(|kv| (kv.key.clone(), str_of(&kv.value)))
+                    .collect();
+                attrs.sort();
+                (s.span_id, s.name, attrs, s.status.map(|st| st.code))
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    // First run: every row has its facts.
+    let receiver = Receiver::new(Mode::Accept);
+    let (addr, server) = serve_grpc(receiver.clone(), any_port()).await;
+    let config = otlp_config(&up, &format!("http://{addr}"), "grpc", "");
+    let mut tap = Llmtap::start(&config, dir.path());
+    let n = replay(&tap, &sessions).await;
+    tap.wait_for_traces(n);
+    let from_facts = receiver
+        .wait_for(|s| s.iter().filter(|x| x.name.starts_with("chat")).count() >= n)
+        .await;
+    tap.terminate();
+    drop(server);
+    let from_facts = chat_spans(from_facts);
+    assert_eq!(from_facts.len(), n);
+    assert!(
+        from_facts
+            .iter()
+            .any(|(_, _, attrs, _)| attrs.iter().any(|(k, _)| k == "gen_ai.response.finish_reasons")),
+        "facts carry what the bodies said"
+    );
+    // The same store as an older llmtap left it: no facts, and the sink to export everything again.
+    {
+        let db = open_store_db(dir.path());
+        db.execute_batch("UPDATE traces SET facts = NULL; DELETE FROM cursors;")
+            .unwrap();
+    }
+    let receiver = Receiver::new(Mode::Accept);
+    let (addr, _server) = serve_grpc(receiver.clone(), any_port()).await;
+    let _tap = Llmtap::start(&otlp_config(&up, &format!("http://{addr}"), "grpc", ""), dir.path());
+    let from_bodies = receiver
+        .wait_for(|s| s.iter().filter(|x| x.name.starts_with("chat")).count() >= n)
+        .await;
+    assert_eq!(chat_spans(from_bodies), from_facts);
+}

@@ -3,6 +3,7 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::call::{CallError, FinishReason, NormalizedCall};
 use super::exchange::{Api, ExchangeMeta, Outcome, Timings, UnixMicros};
 use crate::model::json::JsonText;
 use crate::model::usage::Usage;
@@ -32,8 +33,41 @@ pub struct ProviderTrace {
     pub response_bytes: u64,
     pub model: Option<String>,
     pub usage: Option<Usage>,
+    /// What the provider adapter read from the call, kept so that exports need not read the bodies again
+    /// (None: not a call an adapter reads, or a store written before facts were kept).
+    pub facts: Option<CallFacts>,
     /// Set by derivation: the trajectory this call belongs to.
     pub trajectory_id: Option<String>,
+}
+
+/// The per-call facts exports use, read from the bodies once, on the pipeline thread.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CallFacts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_requested: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_response: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<FinishReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<CallError>,
+}
+
+impl CallFacts {
+    pub fn of(call: &NormalizedCall) -> CallFacts {
+        CallFacts {
+            model_requested: call.model_requested.clone(),
+            model_response: call.model_response.clone(),
+            response_id: call.response_id.clone(),
+            finish_reason: call.finish_reason,
+            max_output_tokens: call.max_output_tokens,
+            error: call.error.clone(),
+        }
+    }
 }
 
 /// What a live listener needs about a finished call, without its bodies or headers.

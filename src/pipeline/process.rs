@@ -8,7 +8,7 @@ use crate::capture::sse::{looks_like_sse, parse_events};
 use crate::capture::{Captured, Outcome, RawExchange, decode::decode_body};
 use crate::model::call::NormalizedCall;
 use crate::model::json::{Json, JsonText};
-use crate::model::trace::ProviderTrace;
+use crate::model::trace::{CallFacts, ProviderTrace};
 use crate::provider::{CallContext, adapter_for};
 
 #[derive(Debug, thiserror::Error)]
@@ -192,6 +192,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         meta: ex.meta,
         model,
         usage: call.as_ref().and_then(|c| c.usage),
+        facts: call.as_ref().map(CallFacts::of),
         trajectory_id: None,
     };
     Processed { trace, call, errors }

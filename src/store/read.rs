@@ -265,7 +265,16 @@ impl StoreReader {
     }
 
     pub fn trace(&self, id: &str) -> Result<Option<ProviderTrace>, StoreError> {
-        let sql = format!("{TRACE_SELECT} WHERE t.id = ?1");
+        self.trace_by_id(TRACE_SELECT, id)
+    }
+
+    /// The trace with its bodies left out (null): for readers that need only its facts.
+    pub fn trace_without_bodies(&self, id: &str) -> Result<Option<ProviderTrace>, StoreError> {
+        self.trace_by_id(TRACE_SELECT_WITHOUT_BODIES, id)
+    }
+
+    fn trace_by_id(&self, select: &str, id: &str) -> Result<Option<ProviderTrace>, StoreError> {
+        let sql = format!("{select} WHERE t.id = ?1");
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut rows = stmt.query([id])?;
         match rows.next()? {
@@ -404,13 +413,19 @@ impl StepKey {
 }
 
 /// `TRACE_SELECT`'s column holding the row's seq (the paged reader's resume key, after `trace_from_row`'s).
-const TRACE_SEQ_COLUMN: usize = 23;
+const TRACE_SEQ_COLUMN: usize = 24;
 
 /// The columns `trace_from_row` reads, in its order, then `t.seq`.
 const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
     t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
-    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.seq
+    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.facts, t.seq
     FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id";
+
+/// `TRACE_SELECT` without the bodies (read as NULL).
+const TRACE_SELECT_WITHOUT_BODIES: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status,
+    t.outcome, t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes,
+    t.response_bytes, t.usage, t.request_headers, t.response_headers, t.metadata, NULL, NULL, NULL, t.facts, t.seq
+    FROM traces t";
 
 fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
     let id: String = row.get(0)?;
@@ -419,6 +434,10 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         serde_json::from_str(&s).map_err(|e| corrupt(e.to_string()))
     };
     let usage: Option<String> = row.get(16)?;
+    let facts: Option<String> = row.get(23)?;
+    let facts = facts
+        .map(|f| serde_json::from_str(&f).map_err(|e| corrupt(e.to_string())))
+        .transpose()?;
     let meta: String = row.get(19)?;
     let meta: ExchangeMeta = serde_json::from_str(&meta).map_err(|e| corrupt(e.to_string()))?;
     Ok(ProviderTrace {
@@ -446,6 +465,7 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         request: JsonText::from_stored(decompress(row.get(20)?)),
         response: JsonText::from_stored(decompress(row.get(21)?)),
         raw_response: decompress(row.get(22)?),
+        facts,
         id,
     })
 }

@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 6;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -90,6 +90,12 @@ const V2: &str = r#"
 CREATE INDEX IF NOT EXISTS steps_trace ON steps(trace_id);
 "#;
 
+/// v6: what the adapter read from each call (`model::trace::CallFacts`, JSON), so that span export reads no
+/// bodies. Rows written before have NULL and are read from their bodies again.
+const V6: &str = r#"
+ALTER TABLE traces ADD COLUMN facts TEXT;
+"#;
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -103,6 +109,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 2 {
         conn.execute_batch(V2)?;
+    }
+    if version < 6 {
+        conn.execute_batch(V6)?;
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;

@@ -170,10 +170,11 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
     let request_headers = json("request headers", &t.request_headers)?;
     let response_headers = json("response headers", &t.response_headers)?;
     let metadata = json("trace metadata", &t.meta)?;
+    let facts = t.facts.as_ref().map(|f| json("call facts", f)).transpose()?;
     tx.prepare_cached("INSERT OR REPLACE INTO traces (id, trajectory_id, session_id, agent, upstream, api, method, path, status, outcome,
             error, streamed, model, started_us, first_byte_us, ended_us, request_bytes, response_bytes, usage,
-            request_headers, response_headers, metadata)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)")?.execute(params![
+            request_headers, response_headers, metadata, facts)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)")?.execute(params![
             t.id,
             t.trajectory_id,
             t.meta.session,
@@ -196,6 +197,7 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
             request_headers,
             response_headers,
             metadata,
+            facts,
         ],
     )?;
     let body = |v: &JsonText| (!v.is_null()).then(|| compress(v.as_str()));

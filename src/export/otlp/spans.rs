@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::model::call::{Message, NormalizedCall, Part, Role};
 use crate::model::record::ExportKind;
 use crate::model::step::{Step, TrajectorySummary};
-use crate::model::trace::ProviderTrace;
+use crate::model::trace::{CallFacts, ProviderTrace};
 use crate::provider::{CallContext, adapter_for};
 use crate::semconv as sc;
 use crate::store::{StoreError, StoreReader};
@@ -193,9 +193,17 @@ impl<'a> SpanBuilder<'a> {
     pub fn spans_for(&mut self, kind: ExportKind, reference: &str) -> Result<Vec<Span>, StoreError> {
         match kind {
             ExportKind::Chat => {
-                let Some(trace) = self.reader.trace(reference)? else {
+                // The stored facts make the span; the bodies are read only for content (opt-in) or for a row
+                // written before facts were kept.
+                let Some(mut trace) = self.reader.trace_without_bodies(reference)? else {
                     return Ok(Vec::new());
                 };
+                if self.capture_content || trace.facts.is_none() {
+                    match self.reader.trace(reference)? {
+                        Some(t) => trace = t,
+                        None => return Ok(Vec::new()),
+                    }
+                }
                 let step = self.reader.step_for_trace(reference)?;
                 Ok(vec![self.chat_span(&trace, step.as_ref())?])
             }
@@ -211,20 +219,25 @@ impl<'a> SpanBuilder<'a> {
     }
 
     fn chat_span(&mut self, trace: &ProviderTrace, step: Option<&Step>) -> Result<Span, StoreError> {
-        let call: Option<NormalizedCall> = adapter_for(trace.api).and_then(|a| {
-            let path = trace.path.split('?').next().unwrap_or(&trace.path);
-            let ctx = CallContext {
-                path,
-                status: trace.status,
-            };
-            a.normalize(&ctx, &trace.request.view(), &trace.response.view()).ok()
-        });
+        let content: Option<NormalizedCall> = if self.capture_content || trace.facts.is_none() {
+            adapter_for(trace.api).and_then(|a| {
+                let path = trace.path.split('?').next().unwrap_or(&trace.path);
+                let ctx = CallContext {
+                    path,
+                    status: trace.status,
+                };
+                a.normalize(&ctx, &trace.request.view(), &trace.response.view()).ok()
+            })
+        } else {
+            None
+        };
+        let facts = trace.facts.clone().or_else(|| content.as_ref().map(CallFacts::of));
         let traj = trace.trajectory_id.clone().unwrap_or_else(|| trace.id.clone());
         let (trace_id, parent) = match trace.meta.traceparent.as_deref().and_then(parse_traceparent) {
             Some((t, p)) => (t, p),
             None => (trace_id_of(&self.root_of(&traj)?), agent_span_id(&traj)),
         };
-        let model = call
+        let model = facts
             .as_ref()
             .and_then(|c| c.model_requested.clone())
             .or_else(|| trace.model.clone())
@@ -258,7 +271,20 @@ impl<'a> SpanBuilder<'a> {
             ));
         }
         let mut status = Status::default();
-        if let Some(c) = &call {
+        if let Some(u) = trace.usage {
+            attrs.push(i(sc::GEN_AI_USAGE_INPUT_TOKENS, u.input));
+            attrs.push(i(sc::GEN_AI_USAGE_OUTPUT_TOKENS, u.output));
+            if let Some(v) = u.cache_read {
+                attrs.push(i(sc::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, v));
+            }
+            if let Some(v) = u.cache_write {
+                attrs.push(i(sc::GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, v));
+            }
+            if let Some(v) = u.reasoning {
+                attrs.push(i(sc::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, v));
+            }
+        }
+        if let Some(c) = &facts {
             if let Some(m) = &c.model_response {
                 attrs.push(s(sc::GEN_AI_RESPONSE_MODEL, m.clone()));
             }
@@ -271,19 +297,6 @@ impl<'a> SpanBuilder<'a> {
             if let Some(m) = c.max_output_tokens {
                 attrs.push(i(sc::GEN_AI_REQUEST_MAX_TOKENS, m));
             }
-            if let Some(u) = c.usage {
-                attrs.push(i(sc::GEN_AI_USAGE_INPUT_TOKENS, u.input));
-                attrs.push(i(sc::GEN_AI_USAGE_OUTPUT_TOKENS, u.output));
-                if let Some(v) = u.cache_read {
-                    attrs.push(i(sc::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, v));
-                }
-                if let Some(v) = u.cache_write {
-                    attrs.push(i(sc::GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, v));
-                }
-                if let Some(v) = u.reasoning {
-                    attrs.push(i(sc::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, v));
-                }
-            }
             if let Some(e) = &c.error {
                 status = Status {
                     code: StatusCode::Error as i32,
@@ -291,24 +304,24 @@ impl<'a> SpanBuilder<'a> {
                 };
                 attrs.push(s(sc::ERROR_TYPE, e.kind.clone()));
             }
-            if self.capture_content {
-                if let Some(sys) = &c.system {
-                    attrs.push(s(
-                        sc::GEN_AI_SYSTEM_INSTRUCTIONS,
-                        json!([{"type": "text", "content": sys}]).to_string(),
-                    ));
-                }
-                attrs.push(s(sc::GEN_AI_INPUT_MESSAGES, otel_messages(&c.messages).to_string()));
-                let out = crate::derive::identity::output_as_message(&c.output);
-                let out = json!([{"role": "assistant", "parts": otel_parts(&out.parts),
-                    "finish_reason": c.finish_reason.map(|f| f.as_str())}]);
-                attrs.push(s(sc::GEN_AI_OUTPUT_MESSAGES, out.to_string()));
-                if !c.tools.is_empty() {
-                    attrs.push(s(
-                        sc::GEN_AI_TOOL_DEFINITIONS,
-                        serde_json::to_string(&c.tools).unwrap_or_default(),
-                    ));
-                }
+        }
+        if let (true, Some(c)) = (self.capture_content, &content) {
+            if let Some(sys) = &c.system {
+                attrs.push(s(
+                    sc::GEN_AI_SYSTEM_INSTRUCTIONS,
+                    json!([{"type": "text", "content": sys}]).to_string(),
+                ));
+            }
+            attrs.push(s(sc::GEN_AI_INPUT_MESSAGES, otel_messages(&c.messages).to_string()));
+            let out = crate::derive::identity::output_as_message(&c.output);
+            let out = json!([{"role": "assistant", "parts": otel_parts(&out.parts),
+                "finish_reason": c.finish_reason.map(|f| f.as_str())}]);
+            attrs.push(s(sc::GEN_AI_OUTPUT_MESSAGES, out.to_string()));
+            if !c.tools.is_empty() {
+                attrs.push(s(
+                    sc::GEN_AI_TOOL_DEFINITIONS,
+                    serde_json::to_string(&c.tools).unwrap_or_default(),
+                ));
             }
         }
         if status.code != StatusCode::Error as i32
