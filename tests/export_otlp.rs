@@ -665,6 +665,9 @@ async fn several_destinations_each_get_everything() {
     assert_eq!(ids(&grpc), ids(&http), "both destinations get the same spans");
 }
 
+/// A span's id, name, sorted attributes and status code.
+type ComparableSpan = (Vec<u8>, String, Vec<(String, String)>, Option<i32>);
+
 /// Chat spans are built from the facts stored with each call; a store whose rows have no facts (written before
 /// they were kept) is read from its bodies and exports the same spans.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -676,7 +679,7 @@ async fn spans_from_stored_facts_equal_spans_read_from_the_bodies() {
         "pydantic-ai__gemini_tool_loop_5calls",
         "pydantic-ai__groq_retry_after_midstream_error",
     ];
-    let chat_spans = |spans: Vec<Span>| -> Vec<(Vec<u8>, String, Vec<(String, String)>, Option<i32>)> {
+    let chat_spans = |spans: Vec<Span>| -> Vec<ComparableSpan> {
         let mut out: Vec<_> = spans
             .into_iter()
             .filter(|s| s.name.starts_with("chat"))
