@@ -34,6 +34,8 @@ pub struct ProviderTrace {
     pub usage: Option<Usage>,
     /// Set by derivation: the trajectory this call belongs to.
     pub trajectory_id: Option<String>,
+    /// Set by derivation: the session of that trajectory (native or derived, see `derive::session`).
+    pub session_id: Option<String>,
 }
 
 /// What a live listener needs about a finished call, without its bodies or headers.
@@ -57,7 +59,7 @@ impl ProviderTrace {
         TraceHead {
             id: self.id.clone(),
             trajectory_id: self.trajectory_id.clone(),
-            session: self.meta.session.clone(),
+            session: self.session_id.clone().or_else(|| self.meta.session.clone()),
             agent: self.meta.agent.clone(),
             upstream: self.upstream.clone(),
             api: self.api,
@@ -112,6 +114,8 @@ struct TraceExport<'a> {
     usage: Option<&'a Usage>,
     #[serde(skip_serializing_if = "Option::is_none")]
     trajectory_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<&'a str>,
     request: &'a JsonText,
     response: &'a JsonText,
     headers: Value,
@@ -143,6 +147,7 @@ impl ProviderTrace {
             model: self.model.as_deref(),
             usage: self.usage.as_ref(),
             trajectory_id: self.trajectory_id.as_deref(),
+            session_id: self.session_id.as_deref(),
             request: &self.request,
             response: &self.response,
             headers: json!({"request": headers_json(&self.request_headers), "response": headers_json(&self.response_headers)}),

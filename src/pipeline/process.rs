@@ -193,6 +193,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         model,
         usage: call.as_ref().and_then(|c| c.usage),
         trajectory_id: None,
+        session_id: None,
     };
     Processed { trace, call, errors }
 }

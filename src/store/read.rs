@@ -394,7 +394,8 @@ const TRACE_SEQ_COLUMN: usize = 23;
 /// The columns `trace_from_row` reads, in its order, then `t.seq`.
 const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
     t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
-    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.seq
+    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.seq,
+    t.session_id
     FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id";
 
 fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
@@ -431,6 +432,7 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         request: JsonText::from_stored(decompress(row.get(20)?)),
         response: JsonText::from_stored(decompress(row.get(21)?)),
         raw_response: decompress(row.get(22)?),
+        session_id: row.get(24)?,
         id,
     })
 }

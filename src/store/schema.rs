@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 3;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -90,6 +90,12 @@ const V2: &str = r#"
 CREATE INDEX IF NOT EXISTS steps_trace ON steps(trace_id);
 "#;
 
+/// v3: sessions are a level above trajectories (`llmtap sessions` groups by session, the API filters by it).
+const V3: &str = r#"
+CREATE INDEX IF NOT EXISTS trajectories_session ON trajectories(session_id);
+CREATE INDEX IF NOT EXISTS steps_session ON steps(session_id);
+"#;
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -103,6 +109,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 2 {
         conn.execute_batch(V2)?;
+    }
+    if version < 3 {
+        conn.execute_batch(V3)?;
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;

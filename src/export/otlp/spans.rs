@@ -153,6 +153,7 @@ fn otel_messages(messages: &[Message]) -> Value {
                     Role::User => "user",
                     Role::Assistant => "assistant",
                     Role::Tool => "tool",
+                    Role::System => "system",
                 };
                 json!({"role": role, "parts": otel_parts(&m.parts)})
             })
