@@ -259,6 +259,14 @@ impl Resolver {
         if let Some(id) = self.find_continued(&keys, len, agent, true, &may_resume) {
             return Resolved::to(id);
         }
+        // The first answer failed but the client kept what it got (a broken tool call, an error text) and went on.
+        if let Some(failed) = self.failed_roots.remove(&keys.prefix)
+            && is_open(&failed)
+        {
+            self.aliases.insert(keys.root.clone(), failed.clone());
+            self.open_run(&keys, &failed, len, agent);
+            return Resolved::to(failed);
+        }
         // A conversation this process did not see start (another replica, a restart, a mid-conversation
         // handoff): named by its root, like its first run.
         let id = self.run_id(&keys.root, self.started.get(&keys.root).copied().unwrap_or(1).max(1));
