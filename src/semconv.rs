@@ -34,6 +34,8 @@ pub const OP_EXECUTE_TOOL: &str = "execute_tool";
 pub const OP_INVOKE_AGENT: &str = "invoke_agent";
 
 pub const LLMTAP_CALL_TYPE: &str = "llmtap.call_type";
+/// main | subagent | warmup | quota | compaction | title | side.
+pub const LLMTAP_PURPOSE: &str = "llmtap.purpose";
 pub const LLMTAP_STEP_INDEX: &str = "llmtap.step_index";
 pub const LLMTAP_PREFIX_REUSE_TOKENS: &str = "llmtap.prefix_reuse_tokens";
 pub const LLMTAP_PREFIX_REUSE_ESTIMATED: &str = "llmtap.prefix_reuse_estimated";

@@ -341,6 +341,9 @@ impl<'a> SpanBuilder<'a> {
             if let Some(ct) = st.call_type {
                 attrs.push(s(sc::LLMTAP_CALL_TYPE, ct.as_str()));
             }
+            if let Some(p) = st.purpose {
+                attrs.push(s(sc::LLMTAP_PURPOSE, p.as_str()));
+            }
             attrs.push(i(sc::LLMTAP_PREFIX_REUSE_TOKENS, st.token_usage.prefix_reuse_tokens));
             attrs.push(b(
                 sc::LLMTAP_PREFIX_REUSE_ESTIMATED,
