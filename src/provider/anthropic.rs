@@ -306,3 +306,19 @@ fn usage_of(u: &Json<'_>) -> Usage {
         reasoning: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::claude_code_session;
+
+    #[test]
+    fn claude_code_session_from_both_user_id_shapes() {
+        let json = r#"{"device_id":"abc","account_uuid":"","session_id":"54c1eb09-bc4c"}"#;
+        assert_eq!(claude_code_session(json).as_deref(), Some("54c1eb09-bc4c"));
+        let legacy = "user_9f2e_account__session_57a121ec-f78c";
+        assert_eq!(claude_code_session(legacy).as_deref(), Some("57a121ec-f78c"));
+        assert_eq!(claude_code_session("user_9f2e"), None);
+        assert_eq!(claude_code_session(r#"{"device_id":"abc"}"#), None);
+        assert_eq!(claude_code_session("user_x_session_ "), None);
+    }
+}
