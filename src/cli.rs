@@ -1,5 +1,7 @@
 //! Command line. Pipeline shape lives in the config file; runtime-only knobs are flags.
 
+pub mod sessions;
+
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -55,15 +57,18 @@ pub enum Command {
         #[arg(long, short = 'c')]
         config: Option<PathBuf>,
     },
-    /// List trajectories (sessions) derived from captured traffic.
+    /// List sessions and, per session, the tree of trajectories derived from captured traffic.
     Sessions {
         #[command(flatten)]
         store: StoreArgs,
         #[command(flatten)]
         select: Selection,
-        /// Print JSON lines instead of a table.
+        /// Print one JSON line per session (with its trajectories) instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also list side calls, titles, warmups and quota probes (folded into a count otherwise).
+        #[arg(long)]
+        all: bool,
     },
     /// List captured calls.
     Traces {

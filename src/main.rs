@@ -102,49 +102,23 @@ fn run(cli: Cli) -> Result<()> {
                 println!("  /{}/ -> {} ({})", u.name, u.url, u.api.as_str());
             }
         }
-        Command::Sessions { store, select, json } => {
+        Command::Sessions {
+            store,
+            select,
+            json,
+            all,
+        } => {
             let config = resolve_config(&store, None)?;
             let reader = StoreReader::open(&config.data_dir)?;
             let rows = reader.sessions(&filter(&select, None)?)?;
+            let sessions = llmtap::cli::sessions::group(rows.into_iter().map(|r| r.summary).collect());
             let mut out = std::io::stdout().lock();
             if json {
-                for r in rows {
-                    writeln!(out, "{}", serde_json::to_string(&r.summary)?)?;
+                for s in sessions {
+                    writeln!(out, "{}", serde_json::to_string(&s)?)?;
                 }
             } else {
-                writeln!(
-                    out,
-                    "{:<20} {:<14} {:<28} {:>5} {:>5} {:<16} {:>9} {:>9} {:>9} PARENT",
-                    "TRAJECTORY", "AGENT", "MODELS", "STEPS", "CALLS", "CALL TYPES", "IN TOK", "OUT TOK", "DURATION"
-                )?;
-                for r in rows {
-                    let s = r.summary;
-                    let dur = match (
-                        chrono::DateTime::parse_from_rfc3339(&s.started_at),
-                        chrono::DateTime::parse_from_rfc3339(&s.ended_at),
-                    ) {
-                        (Ok(a), Ok(b)) => format!("{:.1}s", (b - a).num_milliseconds() as f64 / 1000.0),
-                        _ => "-".into(),
-                    };
-                    let parent = match (&s.parent_trajectory_id, s.parent_step) {
-                        (Some(p), Some(st)) => format!("{p}#{st}"),
-                        _ => "-".into(),
-                    };
-                    writeln!(
-                        out,
-                        "{:<20} {:<14} {:<28} {:>5} {:>5} {:<16} {:>9} {:>9} {:>9} {}",
-                        s.trajectory_id,
-                        s.agent.as_deref().or(s.session_id.as_deref()).unwrap_or("-"),
-                        s.models.join(","),
-                        s.steps,
-                        s.llm_calls,
-                        s.call_types.join(","),
-                        s.input_tokens,
-                        s.output_tokens,
-                        dur,
-                        parent
-                    )?;
-                }
+                llmtap::cli::sessions::write_table(&mut out, &sessions, all)?;
             }
         }
         Command::Traces {

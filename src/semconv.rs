@@ -34,12 +34,16 @@ pub const OP_EXECUTE_TOOL: &str = "execute_tool";
 pub const OP_INVOKE_AGENT: &str = "invoke_agent";
 
 pub const LLMTAP_CALL_TYPE: &str = "llmtap.call_type";
+/// main | subagent | warmup | quota | compaction | title | side.
+pub const LLMTAP_PURPOSE: &str = "llmtap.purpose";
 pub const LLMTAP_STEP_INDEX: &str = "llmtap.step_index";
 pub const LLMTAP_PREFIX_REUSE_TOKENS: &str = "llmtap.prefix_reuse_tokens";
 pub const LLMTAP_PREFIX_REUSE_ESTIMATED: &str = "llmtap.prefix_reuse_estimated";
 pub const LLMTAP_TRAJECTORY_ID: &str = "llmtap.trajectory_id";
 pub const LLMTAP_PROVIDER_TRACE_ID: &str = "llmtap.provider_trace_id";
 pub const LLMTAP_SESSION_ID: &str = "llmtap.session_id";
+/// OpenTelemetry general semantic conventions (session): the agent run a span belongs to.
+pub const SESSION_ID: &str = "session.id";
 pub const LLMTAP_AGENT_ROLE: &str = "llmtap.agent_role";
 pub const LLMTAP_OUTCOME: &str = "llmtap.outcome";
 pub const LLMTAP_TOOL_DURATION_ESTIMATED: &str = "llmtap.tool.duration_estimated";

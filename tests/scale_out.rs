@@ -720,11 +720,23 @@ fn round_robin_findings(base: &BTreeMap<String, Facts>, rr: &BTreeMap<String, Fa
         .filter(|(k, b)| k.starts_with("chat ") && b.error.is_some())
         .map(|(_, b)| &b.conversation)
         .collect();
-    let (mut same, mut moved_by_retry) = (0, 0);
+    // Inside a native session the root key leaves the system prompt out (a resumed conversation keeps its id), so
+    // a handoff target, which starts with its parent's history, is told apart from its parent only by the
+    // parent's open call: its trajectory id needs the replica that saw the parent (architecture.md, Sessions).
+    let handed_off: HashSet<&Option<String>> = base
+        .iter()
+        .filter(|(k, b)| k.starts_with("chat ") && b.call_type.as_deref() == Some("subagent"))
+        .map(|(_, b)| &b.conversation)
+        .collect();
+    let (mut same, mut moved_by_retry, mut moved_by_handoff) = (0, 0, 0);
     for (k, b) in base.iter().filter(|(k, _)| k.starts_with("chat ")) {
         let r = rr.get(k).unwrap_or_else(|| panic!("round-robin lost {k}"));
         if (&r.conversation, &r.step_index) == (&b.conversation, &b.step_index) {
             same += 1;
+            continue;
+        }
+        if handed_off.contains(&b.conversation) && r.step_index == b.step_index {
+            moved_by_handoff += 1;
             continue;
         }
         assert!(
@@ -733,6 +745,9 @@ fn round_robin_findings(base: &BTreeMap<String, Facts>, rr: &BTreeMap<String, Fa
         );
         moved_by_retry += 1;
     }
+    println!(
+        "round-robin: {moved_by_handoff} chat spans of handoff targets in a native session moved to their parent's id"
+    );
     let answered = |f: &BTreeMap<String, Facts>| {
         f.iter()
             .filter(|(k, t)| k.starts_with("execute_tool ") && t.error.is_none())
@@ -758,10 +773,9 @@ fn round_robin_findings(base: &BTreeMap<String, Facts>, rr: &BTreeMap<String, Fa
         rt < bt,
         "a tool result that reaches the other replica is not joined to its call"
     );
-    assert!(
-        rl < bl,
-        "a sub-agent started on the other replica loses its parent link"
-    );
+    // A sub-agent link needs the parent's open call on the same replica; whether round-robin happens to keep the
+    // two on one replica depends on the order of the calls, so it may lose links, never invent them.
+    assert!(rl <= bl, "round-robin invented sub-agent links: {rl} vs {bl}");
 }
 
 /// (c): collector down (so that what the replicas store waits in their stores), half the sessions through

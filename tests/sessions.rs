@@ -459,3 +459,174 @@ fn expected_links_are_not_vacuous() {
         assert!(links.len() >= min, "{name}: {links:?}");
     }
 }
+
+/// A recorded Anthropic JSON answer that is text only: the upstream replays it for any request body.
+fn anthropic_text_answer() -> (Fixture, String) {
+    all_fixtures()
+        .into_iter()
+        .filter(|f| f.upstream == "anthropic" && f.status == 200 && f.kind == BodyKind::Json)
+        .find_map(|f| {
+            let content = f.response_json.as_ref()?["content"].as_array()?.clone();
+            let texts: Vec<&str> = content
+                .iter()
+                .map(|b| (b["type"] == "text").then(|| b["text"].as_str()).flatten())
+                .collect::<Option<Vec<_>>>()?;
+            let text = texts.concat();
+            (!text.is_empty()).then_some((f, text))
+        })
+        .expect("a text-only Anthropic recording")
+}
+
+/// Claude Code sessions through the binary: the session header and `metadata.user_id` group trajectories, a
+/// resumed conversation with another system prompt continues its trajectory, a second run of the same prompt
+/// is another trajectory, a title call is folded into its session, and the session header stays redacted in
+/// the stored headers while the trace carries the id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_sessions_group_resume_and_keep_runs_apart() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let (f, answer) = anthropic_text_answer();
+    let client = client();
+    let tools = serde_json::json!([{"name": "Bash", "input_schema": {"type": "object"}}]);
+    let body = |system: &str, messages: Value, metadata: Option<&str>| {
+        let mut b = serde_json::json!({"model": "claude-x", "max_tokens": 256, "system": system, "messages": messages, "tools": tools});
+        if let Some(user_id) = metadata {
+            b["metadata"] = serde_json::json!({ "user_id": user_id });
+        }
+        serde_json::to_vec(&b).unwrap()
+    };
+    let first = serde_json::json!([{"role": "user", "content": "list the files"}]);
+    let resumed = serde_json::json!([
+        {"role": "user", "content": "list the files"},
+        {"role": "assistant", "content": answer},
+        {"role": "system", "content": "Available skills: none"},
+        {"role": "user", "content": "and count them"}
+    ]);
+    let post = |session: Option<&'static str>, body: Vec<u8>| {
+        let mut headers = vec![
+            ("content-type", "application/json"),
+            ("x-replay-fixture", f.name.as_str()),
+        ];
+        if let Some(s) = session {
+            headers.push(("x-claude-code-session-id", s));
+        }
+        let url = tap.url(&f.client_path);
+        let client = client.clone();
+        async move { send(&client, "POST", &url, &headers, body).await }
+    };
+    for (session, b) in [
+        (Some("sess-a"), body("cwd /r, model a", first.clone(), None)),
+        (Some("sess-a"), body("cwd /r, model b", resumed.clone(), None)),
+        (Some("sess-b"), body("cwd /r, model a", first.clone(), None)),
+        (
+            None,
+            body(
+                "cwd /r, model a",
+                first.clone(),
+                Some(r#"{"device_id":"d","session_id":"sess-c"}"#),
+            ),
+        ),
+        (
+            None,
+            body(
+                "cwd /r, model a",
+                first.clone(),
+                Some("user_0f_account__session_sess-d"),
+            ),
+        ),
+    ] {
+        assert_eq!(post(session, b).await.status, 200);
+    }
+    let mut title =
+        serde_json::from_slice::<Value>(&body("Write a 5-10 word title for the conversation.", first, None)).unwrap();
+    title.as_object_mut().unwrap().remove("tools");
+    assert_eq!(
+        post(Some("sess-a"), serde_json::to_vec(&title).unwrap()).await.status,
+        200
+    );
+    let traces = tap.wait_for_traces(6);
+
+    let groups = tap.session_groups();
+    let by_id: BTreeMap<&str, &Value> = groups.iter().map(|g| (g["session_id"].as_str().unwrap(), g)).collect();
+    assert_eq!(
+        by_id.keys().copied().collect::<Vec<_>>(),
+        ["sess-a", "sess-b", "sess-c", "sess-d"]
+    );
+    let a = by_id["sess-a"]["trajectories"].as_array().unwrap();
+    let main: Vec<&Value> = a.iter().filter(|t| t["purpose"] == "main").collect();
+    assert_eq!(main.len(), 1, "{a:#?}");
+    assert_eq!(
+        (main[0]["llm_calls"].as_u64(), main[0]["steps"].as_u64()),
+        (Some(2), Some(4))
+    );
+    assert!(a.iter().any(|t| t["purpose"] == "title"), "{a:#?}");
+    let b = &by_id["sess-b"]["trajectories"][0];
+    assert_ne!(
+        b["trajectory_id"], main[0]["trajectory_id"],
+        "another run is another trajectory"
+    );
+
+    // System context in the history is no user step: the resumed call adds user step 2 only.
+    let steps = tap.export("steps", &[]);
+    let user_indexes: Vec<u64> = steps
+        .iter()
+        .filter(|s| s["trajectory_id"] == main[0]["trajectory_id"] && s["role"] == "user")
+        .map(|s| s["step_index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(user_indexes, [0, 2]);
+
+    // The typed session id is kept; the header value in the stored header list is not.
+    assert_eq!(traces[0]["session_id"], "sess-a");
+    let stored = traces[0]["headers"]["request"].to_string();
+    assert!(!stored.contains("sess-a"), "{stored}");
+
+    let table = tap.cli(&["sessions"]);
+    assert!(table.contains("session sess-a"), "{table}");
+    assert!(table.contains("+ 1 side/title/warmup/quota trajectories"), "{table}");
+    assert!(tap.cli(&["sessions", "--all"]).contains("title"));
+}
+
+/// Naming the session (`x-llmtap-session`) groups a run; it must not change how the run splits into trajectories
+/// or how they link: every recorded session gives the same number of trajectories, the same parent links and
+/// the same step counts with and without the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_header_changes_no_trajectory_or_link() {
+    for name in session_names() {
+        let shape = |tap: &Llmtap| -> Vec<(usize, bool, String)> {
+            let mut out: Vec<(usize, bool, String)> = tap
+                .export("steps", &[])
+                .iter()
+                .fold(BTreeMap::<String, (usize, bool, String)>::new(), |mut m, s| {
+                    let e = m.entry(s["trajectory_id"].as_str().unwrap().to_owned()).or_default();
+                    e.0 += 1;
+                    e.1 |= !s["parent_step"].is_null() || s["call_type"] == "subagent";
+                    e.2 = s["call_type"].as_str().unwrap_or("").to_owned();
+                    m
+                })
+                .into_values()
+                .collect();
+            out.sort();
+            out
+        };
+        let mut shapes = Vec::new();
+        for header in [None, Some("s-1")] {
+            let up = Upstream::start(ReplayOptions::default()).await;
+            let dir = tempfile::tempdir().unwrap();
+            let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+            let client = client();
+            let calls = session(&name);
+            for f in &calls {
+                let extra: Vec<(&str, &str)> = header.iter().map(|h| ("x-llmtap-session", *h)).collect();
+                send_fixture(&client, &tap, f, &extra).await;
+            }
+            tap.wait_for_traces(calls.len());
+            tap.wait_settled();
+            shapes.push(shape(&tap));
+        }
+        assert_eq!(
+            shapes[0], shapes[1],
+            "{name}: trajectories (steps, linked, call type) without vs with a session header"
+        );
+    }
+}

@@ -70,6 +70,7 @@ pub fn step_message(s: &Step) -> pb::Step {
         output_tokens: s.token_usage.output_tokens,
         status: s.status.clone(),
         json: serde_json::to_string(s).unwrap_or_default(),
+        purpose: s.purpose.map(|p| p.as_str().to_owned()).unwrap_or_default(),
     }
 }
 
@@ -88,6 +89,8 @@ fn session_message(t: TrajectorySummary) -> pb::Session {
         ended_at: t.ended_at,
         parent_trajectory_id: t.parent_trajectory_id.unwrap_or_default(),
         closed: t.closed,
+        purpose: t.purpose.map(|p| p.as_str().to_owned()).unwrap_or_default(),
+        continues: t.continues.unwrap_or_default(),
     }
 }
 

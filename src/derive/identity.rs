@@ -13,7 +13,7 @@
 //! get a different id than stores written by earlier versions gave them (a conversation that spans the upgrade
 //! is split in two; nothing else changes).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use crate::model::call::{Message, NormalizedCall, Output, Part, Role, ToolCall};
 use crate::model::exchange::Api;
@@ -100,11 +100,19 @@ pub struct RootKeys {
     pub prefix: String,
     /// prefix + first assistant turn: the trajectory's identity.
     pub root: String,
+    /// First user turn + first assistant turn only (no scope, no system prompt): what a resumed conversation
+    /// shares with the trajectory it continues.
+    pub history: String,
+    /// Hash of the system prompt (in the root key only outside a native session).
+    pub system: String,
     /// The request already contains an assistant turn (this is not the conversation's first call).
     pub has_assistant: bool,
     pub first_user_text: String,
 }
 
+/// The root keys of a call. `scope` is the native session (empty when none): within a session the system prompt
+/// is left out of the key, so a resumed conversation whose system prompt changed keeps its trajectory id; without
+/// a session the system prompt separates agents that start alike.
 pub fn root_keys(scope: &str, call: &NormalizedCall, ids: CallIds) -> RootKeys {
     let first_user = call
         .messages
@@ -117,17 +125,19 @@ pub fn root_keys(scope: &str, call: &NormalizedCall, ids: CallIds) -> RootKeys {
         Some(m) => assistant_key(m, ids),
         None => output_key(&call.output, ids),
     };
-    let prefix = short_hash(
-        format!(
-            "{scope}\u{1}{}\u{1}{first_user}",
-            call.system.as_deref().unwrap_or("").trim()
-        )
-        .as_bytes(),
-    );
+    let system = if scope.is_empty() {
+        call.system.as_deref().unwrap_or("").trim()
+    } else {
+        ""
+    };
+    let prefix = short_hash(format!("{scope}\u{1}{system}\u{1}{first_user}").as_bytes());
     let root = short_hash(format!("{prefix}\u{1}{assistant}").as_bytes());
+    let history = short_hash(format!("{first_user}\u{1}{assistant}").as_bytes());
     RootKeys {
         prefix,
         root,
+        history,
+        system: short_hash(call.system.as_deref().unwrap_or("").trim().as_bytes()),
         has_assistant: first_assistant.is_some(),
         first_user_text: first_user,
     }
@@ -150,53 +160,235 @@ fn trajectory_id_of(kind: &str, key: &str) -> String {
     format!("tr_{}", short_hash(format!("{kind}\u{1}{key}").as_bytes()))
 }
 
-/// The cross-call part of identity: native conversation chains and retries of a failed first call.
+/// How many runs of one root this process remembers after they closed (so a fresh root after the earlier one
+/// closed still gets a new id); the oldest are forgotten first.
+const MAX_REMEMBERED_ROOTS: usize = 100_000;
+
+/// Where a call belongs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub id: String,
+    /// For a compaction call: the trajectory whose history it summarizes.
+    pub summarizes: Option<String>,
+}
+
+impl Resolved {
+    fn to(id: String) -> Resolved {
+        Resolved { id, summarizes: None }
+    }
+}
+
+/// One open run of a root: the trajectory and the message count of its latest call.
+struct Run {
+    id: String,
+    last_len: usize,
+    /// The system prompt hash of the run's latest call: a request under another system prompt that answers a
+    /// call still open in the run is a handoff to another agent (which starts with its parent's history), not
+    /// the run's next call.
+    system: String,
+}
+
+/// The cross-call part of identity: native conversation chains, retries of a failed first call, repeated runs
+/// of the same root, and resumed conversations.
 #[derive(Default)]
 pub struct Resolver {
     /// Response id → trajectory, for `previous_response_id` chains.
     response_owner: HashMap<String, String>,
-    /// Root key → trajectory id, when a root was adopted by an earlier trajectory (retry after failure).
+    /// Root key → trajectory id, when a root was adopted by an earlier trajectory (retry after failure, resume).
     aliases: HashMap<String, String>,
     /// Prefix key → trajectory id of a first call that failed before producing a turn.
     failed_roots: HashMap<String, String>,
+    /// Root key → its open runs, oldest first.
+    runs: HashMap<String, Vec<Run>>,
+    /// Root key → how many runs of it started (kept after they close, bounded by `MAX_REMEMBERED_ROOTS`).
+    started: HashMap<String, u32>,
+    started_order: VecDeque<String>,
+    /// History key → open trajectories (id, agent) that started with that history.
+    history: HashMap<String, Vec<(String, Option<String>)>>,
 }
 
 impl Resolver {
-    /// The trajectory `call` belongs to. `scope` is the explicit session (empty when none); `is_open` says
-    /// whether this process has a trajectory open under an id.
+    /// The trajectory `call` belongs to. `scope` is the native session (empty when none), `agent` the
+    /// `x-llmtap-agent` name; `is_open` says whether this process has a trajectory open under an id.
     pub fn resolve(
         &mut self,
         scope: &str,
+        agent: Option<&str>,
         call: &NormalizedCall,
         ids: CallIds,
         is_open: impl Fn(&str) -> bool,
-    ) -> String {
+    ) -> Resolved {
+        self.resolve_with(scope, agent, call, ids, is_open, |_| true)
+    }
+
+    /// `resolve`, where `may_resume(id)` says whether the call may continue open trajectory `id` by history
+    /// alone (the deriver refuses when the request answers a call still open in `id`: that is a handoff, whose
+    /// target starts with its parent's history).
+    pub fn resolve_with(
+        &mut self,
+        scope: &str,
+        agent: Option<&str>,
+        call: &NormalizedCall,
+        ids: CallIds,
+        is_open: impl Fn(&str) -> bool,
+        may_resume: impl Fn(&str) -> bool,
+    ) -> Resolved {
         if let Some(id) = self.native_id(call) {
-            return id;
+            return Resolved::to(id);
         }
         let keys = root_keys(scope, call, ids);
         if is_warmup(call) {
-            return trajectory_id_of("warmup", &keys.root);
+            return Resolved::to(trajectory_id_of("warmup", &keys.root));
+        }
+        let len = call.messages.len();
+        if is_compaction_request(call) {
+            // Its own one-call trajectory, linked to the one it summarizes (never a step of it).
+            let summarizes = self.find_continued(&keys, len, agent, false, &may_resume);
+            let id = trajectory_id_of("compaction", &format!("{}\u{1}{len}", keys.root));
+            return Resolved { id, summarizes };
         }
         if let Some(t) = self.aliases.get(&keys.root) {
-            return t.clone();
+            return Resolved::to(t.clone());
         }
-        let id = format!("tr_{}", keys.root);
-        if is_open(&id) {
-            return id;
+        if !keys.has_assistant {
+            return Resolved::to(self.resolve_root_call(&keys, call, len, agent, is_open));
         }
-        // A first call that produced no turn: remember it so its retry joins the same trajectory.
-        if !keys.has_assistant && output_is_empty(&call.output) {
-            self.failed_roots.insert(keys.prefix, id.clone());
-            return id;
+        if let Some(id) = self.find_continued(&keys, len, agent, true, &may_resume) {
+            return Resolved::to(id);
         }
+        // The first answer failed but the client kept what it got (a broken tool call, an error text) and went on.
         if let Some(failed) = self.failed_roots.remove(&keys.prefix)
             && is_open(&failed)
         {
-            self.aliases.insert(keys.root, failed.clone());
+            self.aliases.insert(keys.root.clone(), failed.clone());
+            self.open_run(&keys, &failed, len, agent);
+            return Resolved::to(failed);
+        }
+        // Runs of this root are open but none may take the call: it answers a call still open in them under
+        // another system prompt, a handoff to another agent that starts with its parent's history (inside a
+        // native session the root key leaves the system prompt out). Named by its root and its own system prompt.
+        if self.runs.get(&keys.root).is_some_and(|runs| !runs.is_empty()) {
+            let id = trajectory_id_of("handoff", &format!("{}\u{1}{}", keys.root, keys.system));
+            self.open_run(&keys, &id, len, agent);
+            return Resolved::to(id);
+        }
+        // A conversation this process did not see start (another replica, a restart, a mid-conversation
+        // handoff): named by its root, like its first run.
+        let id = self.run_id(&keys.root, self.started.get(&keys.root).copied().unwrap_or(1).max(1));
+        self.open_run(&keys, &id, len, agent);
+        Resolved::to(id)
+    }
+
+    /// A request without assistant turns: the first call of a conversation. A failed first call is adopted by
+    /// its retry; otherwise every root call starts a new run (two runs that start alike are two trajectories).
+    fn resolve_root_call(
+        &mut self,
+        keys: &RootKeys,
+        call: &NormalizedCall,
+        len: usize,
+        agent: Option<&str>,
+        is_open: impl Fn(&str) -> bool,
+    ) -> String {
+        if let Some(failed) = self.failed_roots.get(&keys.prefix).filter(|f| is_open(f)).cloned() {
+            if !output_is_empty(&call.output) {
+                self.failed_roots.remove(&keys.prefix);
+                self.aliases.insert(keys.root.clone(), failed.clone());
+                self.open_run(keys, &failed, len, agent);
+            }
             return failed;
         }
+        let n = self.started.get(&keys.root).copied().unwrap_or(0) + 1;
+        self.remember_started(&keys.root, n);
+        let id = self.run_id(&keys.root, n);
+        if output_is_empty(&call.output) {
+            // A first call that produced no turn: remember it so its retry joins the same trajectory.
+            self.failed_roots.insert(keys.prefix.clone(), id.clone());
+        }
+        self.open_run(keys, &id, len, agent);
         id
+    }
+
+    /// The open trajectory a continuing request extends: a run of its root (the one whose last call this
+    /// request extends, the longest such; the oldest among equals, so identical concurrent runs advance in
+    /// turn; a repeat of the last call is a retry), else a trajectory that started with the same history for the
+    /// same agent (a resumed conversation whose system prompt or session changed). With `adopt`, the match is
+    /// recorded so the next calls find it directly.
+    fn find_continued(
+        &mut self,
+        keys: &RootKeys,
+        len: usize,
+        agent: Option<&str>,
+        adopt: bool,
+        may_resume: &impl Fn(&str) -> bool,
+    ) -> Option<String> {
+        if let Some(runs) = self.runs.get_mut(&keys.root) {
+            let candidate = |r: &Run| r.system == keys.system || may_resume(&r.id);
+            let extends = runs
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.last_len < len && candidate(r))
+                .max_by_key(|(i, r)| (r.last_len, std::cmp::Reverse(*i)))
+                .map(|(i, _)| i);
+            let pick = extends
+                .or_else(|| runs.iter().position(|r| r.last_len == len && candidate(r)))
+                .or_else(|| runs.iter().rposition(candidate));
+            if let Some(i) = pick {
+                if adopt {
+                    runs[i].last_len = len;
+                    runs[i].system = keys.system.clone();
+                }
+                return Some(runs[i].id.clone());
+            }
+        }
+        let id = self
+            .history
+            .get(&keys.history)?
+            .iter()
+            .rev()
+            .find(|(id, a)| a.as_deref() == agent && may_resume(id))
+            .map(|(id, _)| id.clone())?;
+        if adopt {
+            self.aliases.insert(keys.root.clone(), id.clone());
+        }
+        Some(id)
+    }
+
+    fn run_id(&self, root: &str, n: u32) -> String {
+        if n <= 1 {
+            format!("tr_{root}")
+        } else {
+            trajectory_id_of("run", &format!("{root}#{n}"))
+        }
+    }
+
+    fn open_run(&mut self, keys: &RootKeys, id: &str, len: usize, agent: Option<&str>) {
+        let runs = self.runs.entry(keys.root.clone()).or_default();
+        match runs.iter_mut().find(|r| r.id == id) {
+            Some(r) => {
+                r.last_len = r.last_len.max(len);
+                r.system = keys.system.clone();
+            }
+            None => runs.push(Run {
+                id: id.to_owned(),
+                last_len: len,
+                system: keys.system.clone(),
+            }),
+        }
+        let seen = self.history.entry(keys.history.clone()).or_default();
+        if !seen.iter().any(|(t, _)| t == id) {
+            seen.push((id.to_owned(), agent.map(str::to_owned)));
+        }
+    }
+
+    fn remember_started(&mut self, root: &str, n: u32) {
+        if self.started.insert(root.to_owned(), n).is_none() {
+            self.started_order.push_back(root.to_owned());
+            if self.started_order.len() > MAX_REMEMBERED_ROOTS
+                && let Some(old) = self.started_order.pop_front()
+            {
+                self.started.remove(&old);
+            }
+        }
     }
 
     /// Server-side conversation state (OpenAI Responses): the provider's own ids name the conversation.
@@ -213,12 +405,36 @@ impl Resolver {
             .insert(response_id.to_owned(), trajectory_id.to_owned());
     }
 
-    /// A closed trajectory is never resolved to again through cross-call state.
+    /// A closed trajectory is never resolved to again through cross-call state (its run count is kept).
     pub fn forget(&mut self, trajectory_id: &str) {
         self.response_owner.retain(|_, owner| owner != trajectory_id);
         self.aliases.retain(|_, owner| owner != trajectory_id);
         self.failed_roots.retain(|_, owner| owner != trajectory_id);
+        self.runs.retain(|_, runs| {
+            runs.retain(|r| r.id != trajectory_id);
+            !runs.is_empty()
+        });
+        self.history.retain(|_, ids| {
+            ids.retain(|(t, _)| t != trajectory_id);
+            !ids.is_empty()
+        });
     }
+}
+
+/// Context compaction (Claude Code's `/compact` and auto-compact): a request that carries a conversation's
+/// history (at least one assistant turn) and ends with a user turn asking for a summary of the conversation,
+/// under a system prompt about summarizing. Text is the only signal the protocol gives, so both the instruction
+/// and the system prompt must say so.
+pub fn is_compaction_request(call: &NormalizedCall) -> bool {
+    let Some(last) = call.messages.last() else {
+        return false;
+    };
+    if last.role != Role::User || !call.messages.iter().any(|m| m.role == Role::Assistant) {
+        return false;
+    }
+    let ask = last.text().to_lowercase();
+    let system = call.system.as_deref().unwrap_or("").to_lowercase();
+    ask.contains("summary") && ask.contains("conversation") && system.contains("summar")
 }
 
 #[cfg(test)]
@@ -322,50 +538,56 @@ mod tests {
         let mut r = Resolver::default();
         let mut c = call("", vec![user("hi")], text_out("hello"));
         c.conversation_id = Some("conv_1".into());
-        let by_conv = r.resolve("", &c, CallIds::Stable, |_| false);
+        let by_conv = r.resolve("", None, &c, CallIds::Stable, |_| false).id;
         assert_eq!(by_conv, format!("tr_{}", short_hash("conv\u{1}conv_1".as_bytes())));
         c.conversation_id = None;
         c.previous_response_id = Some("resp_9".into());
         // An unknown previous response is named by itself; a known one by its trajectory.
         assert_eq!(
-            r.resolve("", &c, CallIds::Stable, |_| false),
+            r.resolve("", None, &c, CallIds::Stable, |_| false).id,
             format!("tr_{}", short_hash("resp\u{1}resp_9".as_bytes()))
         );
         r.remember_response("resp_9", "tr_owner");
-        assert_eq!(r.resolve("", &c, CallIds::Stable, |_| false), "tr_owner");
+        assert_eq!(r.resolve("", None, &c, CallIds::Stable, |_| false).id, "tr_owner");
         r.forget("tr_owner");
-        assert_ne!(r.resolve("", &c, CallIds::Stable, |_| false), "tr_owner");
+        assert_ne!(r.resolve("", None, &c, CallIds::Stable, |_| false).id, "tr_owner");
     }
 
     #[test]
     fn a_retry_of_a_failed_first_call_joins_its_trajectory() {
         let mut r = Resolver::default();
         let failed = call("sys", vec![user("task")], Output::default());
-        let failed_id = r.resolve("", &failed, CallIds::Stable, |_| false);
+        let failed_id = r.resolve("", None, &failed, CallIds::Stable, |_| false).id;
         assert_eq!(
             failed_id,
             format!("tr_{}", root_keys("", &failed, CallIds::Stable).root)
         );
         let retry = call("sys", vec![user("task")], text_out("answer"));
         let open = failed_id.clone();
-        assert_eq!(r.resolve("", &retry, CallIds::Stable, |id| id == open), failed_id);
+        assert_eq!(
+            r.resolve("", None, &retry, CallIds::Stable, |id| id == open).id,
+            failed_id
+        );
         // Later calls echo the retry's answer: the alias keeps them in the failed call's trajectory.
         let later = call(
             "sys",
             vec![user("task"), assistant("answer"), user("more")],
             text_out("x"),
         );
-        assert_eq!(r.resolve("", &later, CallIds::Stable, |id| id == open), failed_id);
+        assert_eq!(
+            r.resolve("", None, &later, CallIds::Stable, |id| id == open).id,
+            failed_id
+        );
     }
 
     #[test]
     fn a_warmup_is_its_own_trajectory() {
         let mut r = Resolver::default();
         let mut c = call("sys", vec![user("task")], text_out("a"));
-        let real = r.resolve("", &c, CallIds::Stable, |_| false);
+        let real = r.resolve("", None, &c, CallIds::Stable, |_| false).id;
         c.max_output_tokens = Some(1);
         assert!(is_warmup(&c));
-        let warm = r.resolve("", &c, CallIds::Stable, |_| false);
+        let warm = r.resolve("", None, &c, CallIds::Stable, |_| false).id;
         let root = root_keys("", &c, CallIds::Stable).root;
         assert_eq!(
             warm,

@@ -19,6 +19,8 @@
 pub mod identity;
 mod observe;
 mod prefix;
+mod purpose;
+pub mod session;
 pub mod snippets;
 pub mod stable_hash;
 mod state;
@@ -31,9 +33,9 @@ use crate::config::DeriveConfig;
 use crate::model::call::NormalizedCall;
 use crate::model::exchange::UnixMicros;
 use crate::model::record::Record;
-use crate::model::step::{CallType, Step, TrajectorySummary};
+use crate::model::step::{CallType, Purpose, Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
-use identity::{CallIds, Resolver, system_prompt_hash};
+use identity::{CallIds, Resolved, Resolver, system_prompt_hash};
 use prefix::LastCall;
 use state::{CallFacts, Origin, State, Trajectory};
 use steps::{StepBase, StepIndexes};
@@ -67,10 +69,12 @@ impl Deriver {
             return vec![Record::Trace(Box::new(trace))];
         };
         let ids = CallIds::of(trace.api);
-        let traj_id = self.resolve(&trace, &call, ids);
+        let scope = session::native_scope(&trace, &call);
+        let resolved = self.resolve(&scope, &trace, &call, ids);
+        let traj_id = resolved.id;
         trace.trajectory_id = Some(traj_id.clone());
         // Parent and continuation are looked up before results are attached: a handoff's call is still open.
-        let origin = self.origin_of_new_root(&traj_id, &trace, &call);
+        let origin = self.origin_of_new_root(&traj_id, &scope, &trace, &call, resolved.summarizes);
         let new_turns = observe::new_turns_start(&call.messages);
         let updated = self
             .state
@@ -79,6 +83,7 @@ impl Deriver {
         if let Some(rid) = &call.response_id {
             self.resolver.remember_response(rid, &traj_id);
         }
+        trace.session_id = steps.summary.session_id.clone();
 
         let mut out = Vec::with_capacity(updated.len() + steps.user.len() + 3);
         out.push(Record::Trace(Box::new(trace)));
@@ -89,23 +94,63 @@ impl Deriver {
         out
     }
 
-    fn resolve(&mut self, trace: &ProviderTrace, call: &NormalizedCall, ids: CallIds) -> String {
-        let scope = trace.meta.session.as_deref().unwrap_or("");
-        let open = &self.state.trajectories;
-        self.resolver.resolve(scope, call, ids, |id| open.contains_key(id))
+    fn resolve(&mut self, scope: &str, trace: &ProviderTrace, call: &NormalizedCall, ids: CallIds) -> Resolved {
+        let state = &self.state;
+        let answered = observe::answered_call_ids(&call.messages);
+        let may_resume = |id: &str| {
+            !answered
+                .iter()
+                .any(|c| state.call_owner.get(*c).is_some_and(|o| o == id))
+        };
+        self.resolver.resolve_with(
+            scope,
+            trace.meta.agent.as_deref(),
+            call,
+            ids,
+            |id| state.trajectories.contains_key(id),
+            may_resume,
+        )
     }
 
-    /// None for a call of a trajectory already open; for a new root, what started it or what it continues.
-    fn origin_of_new_root(&self, traj_id: &str, trace: &ProviderTrace, call: &NormalizedCall) -> Option<Origin> {
+    /// None for a call of a trajectory already open; for a new root, what started it or what it continues or
+    /// summarizes, its purpose and its session.
+    fn origin_of_new_root(
+        &self,
+        traj_id: &str,
+        scope: &str,
+        trace: &ProviderTrace,
+        call: &NormalizedCall,
+        summarizes: Option<String>,
+    ) -> Option<Origin> {
         if self.state.trajectories.contains_key(traj_id) {
             return None;
         }
-        let parent = self.state.find_parent(traj_id, call);
-        let continues = match parent {
-            Some(_) => None,
-            None => self.state.find_compacted(traj_id, trace.meta.session.as_deref(), call),
+        let intrinsic = purpose::intrinsic(call);
+        let parent = match intrinsic {
+            Some(Purpose::Compaction) => None,
+            _ => self.state.find_parent(traj_id, call),
         };
-        Some(Origin { parent, continues })
+        let continues = match (&parent, intrinsic) {
+            (None, None) => self.state.find_compacted(traj_id, scope, call),
+            _ => None,
+        };
+        let purpose = self.state.root_purpose(call, scope, parent.as_ref());
+        let linked = [
+            parent.as_ref().map(|p| p.trajectory_id.as_str()),
+            summarizes.as_deref(),
+            continues.as_deref(),
+        ];
+        let session = self
+            .state
+            .root_session(call, scope, trace.meta.agent.as_deref(), &linked);
+        Some(Origin {
+            parent,
+            continues,
+            summarizes,
+            purpose: Some(purpose),
+            scope: scope.to_owned(),
+            session,
+        })
     }
 
     /// Open the trajectory if `origin` says it is new, add the call's steps to it and index its tool calls.
@@ -198,14 +243,19 @@ fn call_steps(
     let prompt = prefix::prompt_fingerprints(&call.messages, ids);
     let reuse = prefix::reuse(traj.last.as_ref(), &prompt, sp_hash.as_deref());
     let attempt = traj.next_attempt(indexes.agent);
-    let call_type = steps::call_type(call, traj.parent.as_ref());
+    let purpose = purpose::intrinsic(call).unwrap_or(traj.purpose);
+    let call_type = purpose.call_type();
+    traj.add_indexes(indexes.user.iter().map(|(i, _)| *i).chain([indexes.agent]));
     let base = StepBase {
         traj_id,
         trace,
+        session: traj.summary.session_id.as_deref(),
         sp_hash: sp_hash.clone(),
         tools: call.tools.iter().map(|t| t.name.clone()).collect(),
         parent: traj.parent.as_ref(),
+        linked: traj.summary.parent_trajectory_id.as_deref(),
         call_type,
+        purpose,
     };
     let user = indexes
         .user
@@ -222,7 +272,6 @@ fn call_steps(
         call,
         model: steps::answering_model(trace, call),
         call_type,
-        agent_index: indexes.agent,
     };
     let summary = traj.record_call(&facts, heavy_changed);
     traj.keep_live_steps(&agent);
@@ -291,11 +340,265 @@ mod tests {
     #[test]
     fn the_same_call_sent_twice_keeps_both_attempts() {
         let mut h = Harness::new(Api::OpenAiChat);
-        let first = h.send(call("", vec![user("hi")], text_out("hello")));
-        let again = h.send(call("", vec![user("hi")], text_out("hello")));
-        assert_eq!(again.trajectory_id, first.trajectory_id);
-        assert_eq!(first.agent().step_id, format!("{}/1", first.trajectory_id));
-        assert_eq!(again.agent().step_id, format!("{}/1#2", first.trajectory_id));
+        let root = h.send(call("", vec![user("hi")], text_out("hello")));
+        let turn = || vec![user("hi"), assistant("hello"), user("more")];
+        let first = h.send(call("", turn(), text_out("sure")));
+        let again = h.send(call("", turn(), text_out("sure")));
+        assert_eq!(first.trajectory_id, root.trajectory_id);
+        assert_eq!(again.trajectory_id, root.trajectory_id);
+        assert_eq!(first.agent().step_id, format!("{}/3", root.trajectory_id));
+        assert_eq!(again.agent().step_id, format!("{}/3#2", root.trajectory_id));
+    }
+
+    fn session_call(
+        session: &str,
+        system: &str,
+        messages: Vec<crate::model::call::Message>,
+        out: crate::model::call::Output,
+    ) -> crate::model::call::NormalizedCall {
+        let mut c = call(system, messages, out);
+        c.client_session = Some(session.into());
+        c
+    }
+
+    #[test]
+    fn a_resumed_conversation_with_another_system_prompt_continues_its_trajectory() {
+        for session in [None, Some("3f6c-cc")] {
+            let mut h = Harness::new(Api::AnthropicMessages);
+            let mk = |system: &str, messages, out| match session {
+                Some(s) => session_call(s, system, messages, out),
+                None => call(system, messages, out),
+            };
+            let first = h.send(mk("model: a", vec![user("fix it")], text_out("fixed")));
+            let resumed = h.send(mk(
+                "model: b, date changed",
+                vec![user("fix it"), assistant("fixed"), user("and the tests")],
+                text_out("done"),
+            ));
+            assert_eq!(resumed.trajectory_id, first.trajectory_id, "{session:?}");
+            let user_steps: Vec<u32> = resumed
+                .steps
+                .iter()
+                .filter(|s| s.role == crate::model::step::StepRole::User)
+                .map(|s| s.step_index)
+                .collect();
+            assert_eq!(user_steps, [2]);
+            assert_eq!(resumed.summary.steps, 4);
+            let expected_session = session.map_or(first.trajectory_id.clone(), str::to_owned);
+            assert_eq!(resumed.summary.session_id.as_deref(), Some(expected_session.as_str()));
+        }
+    }
+
+    #[test]
+    fn two_runs_that_start_alike_are_two_trajectories() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let run = |h: &mut Harness| {
+            let a = h.send(call("sys", vec![user("2+2?")], text_out("4")));
+            let b = h.send(call(
+                "sys",
+                vec![user("2+2?"), assistant("4"), user("times 3?")],
+                text_out("12"),
+            ));
+            assert_eq!(a.trajectory_id, b.trajectory_id);
+            a.trajectory_id
+        };
+        let first = run(&mut h);
+        let second = run(&mut h);
+        assert_ne!(first, second);
+        // The first run's id is a function of the content alone; a later run's is numbered.
+        assert_eq!(
+            first,
+            format!(
+                "tr_{}",
+                super::identity::root_keys(
+                    "",
+                    &call("sys", vec![user("2+2?")], text_out("4")),
+                    super::identity::CallIds::Stable
+                )
+                .root
+            )
+        );
+        // A new native session separates runs without any counting.
+        let mut h2 = Harness::new(Api::OpenAiChat);
+        let a = h2.send(session_call("s-1", "sys", vec![user("2+2?")], text_out("4")));
+        let b = h2.send(session_call("s-2", "sys", vec![user("2+2?")], text_out("4")));
+        assert_ne!(a.trajectory_id, b.trajectory_id);
+        assert_eq!(
+            (a.summary.session_id.as_deref(), b.summary.session_id.as_deref()),
+            (Some("s-1"), Some("s-2"))
+        );
+    }
+
+    #[test]
+    fn gemini_runs_whose_call_ids_repeat_stay_apart() {
+        let mut h = Harness::new(Api::GeminiGenerateContent);
+        let weather = tool_call("gemini:1:0", "get_weather", json!({"city": "Paris"}));
+        let run = |h: &mut Harness| {
+            let a = h.send(call(
+                "",
+                vec![user("weather?")],
+                calls_out(std::slice::from_ref(&weather)),
+            ));
+            let b = h.send(call(
+                "",
+                vec![
+                    user("weather?"),
+                    calls(std::slice::from_ref(&weather)),
+                    result("gemini:1:0", "sunny"),
+                ],
+                text_out("sunny"),
+            ));
+            assert_eq!(a.trajectory_id, b.trajectory_id);
+            assert_eq!(b.steps[0].observations[0].content.as_deref(), Some("sunny"));
+            a.trajectory_id
+        };
+        let first = run(&mut h);
+        let second = run(&mut h);
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn concurrent_identical_runs_advance_in_turn() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let a1 = h.send(call("sys", vec![user("go")], text_out("step")));
+        let b1 = h.send(call("sys", vec![user("go")], text_out("step")));
+        assert_ne!(a1.trajectory_id, b1.trajectory_id);
+        let next = || {
+            call(
+                "sys",
+                vec![user("go"), assistant("step"), user("again")],
+                text_out("done"),
+            )
+        };
+        let a2 = h.send(next());
+        let b2 = h.send(next());
+        assert_eq!(a2.trajectory_id, a1.trajectory_id);
+        assert_eq!(b2.trajectory_id, b1.trajectory_id);
+        assert_eq!(
+            (a2.agent().step_id.contains('#'), b2.agent().step_id.contains('#')),
+            (false, false)
+        );
+    }
+
+    #[test]
+    fn one_session_through_two_derivers_gets_the_same_ids() {
+        let calls = || {
+            vec![
+                session_call("sess-9", "model: a", vec![user("port it")], text_out("ported")),
+                session_call(
+                    "sess-9",
+                    "model: b",
+                    vec![user("port it"), assistant("ported"), user("test it")],
+                    text_out("ok"),
+                ),
+            ]
+        };
+        let mut a = Harness::new(Api::AnthropicMessages);
+        let mut b = Harness::new(Api::AnthropicMessages);
+        let mut sent = calls().into_iter().map(|c| a.send(c));
+        let (a1, a2) = (sent.next().unwrap(), sent.next().unwrap());
+        // The second process sees only the resumed call: same trajectory, same step ids, same session.
+        let b2 = b.send(calls().pop().unwrap());
+        assert_eq!(a1.trajectory_id, a2.trajectory_id);
+        assert_eq!(b2.trajectory_id, a2.trajectory_id);
+        assert_eq!(b2.agent().step_id, a2.agent().step_id);
+        assert_eq!(b2.summary.session_id, a2.summary.session_id);
+    }
+
+    #[test]
+    fn system_messages_in_the_history_are_context_not_user_steps() {
+        let mut h = Harness::new(Api::AnthropicMessages);
+        let system = crate::model::call::Message {
+            role: crate::model::call::Role::System,
+            parts: vec![crate::model::call::Part::Text {
+                text: "Available agents: explorer".into(),
+            }],
+        };
+        let out = h.send(call("sys", vec![system.clone(), user("hi")], text_out("hello")));
+        let indexes: Vec<(u32, crate::model::step::StepRole)> =
+            out.steps.iter().map(|s| (s.step_index, s.role)).collect();
+        use crate::model::step::StepRole::{Agent, User};
+        assert_eq!(indexes, [(0, User), (1, Agent)]);
+        let later = h.send(call(
+            "sys",
+            vec![system.clone(), user("hi"), assistant("hello"), system, user("bye")],
+            text_out("ciao"),
+        ));
+        assert_eq!(later.trajectory_id, out.trajectory_id);
+        assert_eq!(later.agent().step_index, 3);
+    }
+
+    #[test]
+    fn a_compaction_call_is_linked_to_the_trajectory_it_summarizes() {
+        let mut h = Harness::new(Api::AnthropicMessages);
+        let main = h.send(session_call(
+            "s",
+            "You are a coding agent.",
+            vec![user("port the parser")],
+            text_out("ok"),
+        ));
+        let mut compact = session_call(
+            "s",
+            "You are a helpful AI assistant tasked with summarizing conversations.",
+            vec![
+                user("port the parser"),
+                assistant("ok"),
+                user("Your task is to create a detailed summary of the conversation so far."),
+            ],
+            text_out("Summary: parser ported."),
+        );
+        compact.tools.clear();
+        let c = h.send(compact);
+        assert_ne!(c.trajectory_id, main.trajectory_id);
+        assert_eq!(c.agent().purpose, Some(crate::model::step::Purpose::Compaction));
+        assert_eq!(c.agent().call_type, Some(CallType::Main));
+        assert_eq!(
+            c.summary.parent_trajectory_id.as_deref(),
+            Some(main.trajectory_id.as_str())
+        );
+        assert_eq!(c.summary.session_id.as_deref(), Some("s"));
+        assert_eq!(
+            c.summary.steps, 2,
+            "the summary request and the summary, not one step per history turn"
+        );
+    }
+
+    #[test]
+    fn helper_calls_of_a_sessions_agent_are_side_and_title_calls() {
+        let mut h = Harness::new(Api::AnthropicMessages);
+        let mut main = session_call(
+            "s",
+            "You are a coding agent.",
+            vec![user("fix the bug")],
+            text_out("looking"),
+        );
+        main.tools = vec![crate::model::call::ToolDef {
+            name: "Bash".into(),
+            description: None,
+            parameters: None,
+        }];
+        let m = h.send(main);
+        let topic = h.send(session_call(
+            "s",
+            "Analyze if this message starts a new topic.",
+            vec![user("fix the bug")],
+            text_out("{}"),
+        ));
+        let title = h.send(session_call(
+            "s",
+            "Write a 5-10 word title for the conversation.",
+            vec![user("fix the bug")],
+            text_out("Bug fix"),
+        ));
+        use crate::model::step::Purpose;
+        assert_eq!(m.agent().purpose, Some(Purpose::Main));
+        assert_eq!(topic.agent().purpose, Some(Purpose::Side));
+        assert_eq!(title.agent().purpose, Some(Purpose::Title));
+        assert_eq!(topic.summary.session_id.as_deref(), Some("s"));
+        // A one-token probe without tools is a quota check, with the agent's tools a warmup.
+        let mut probe = session_call("s", "", vec![user("quota")], text_out(""));
+        probe.max_output_tokens = Some(1);
+        assert_eq!(h.send(probe).agent().purpose, Some(Purpose::Quota));
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub fn new_turns_start(messages: &[Message]) -> usize {
         .map_or(0, |i| i + 1)
 }
 
+/// The call ids the request's tool results answer.
+pub fn answered_call_ids(messages: &[Message]) -> Vec<&str> {
+    tool_results(messages).map(|r| r.call_id).collect()
+}
+
 fn tool_results(messages: &[Message]) -> impl Iterator<Item = ToolResult<'_>> {
     messages.iter().flat_map(|m| &m.parts).filter_map(|p| match p {
         Part::ToolResult {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::model::call::{NormalizedCall, ToolCall};
 use crate::model::exchange::UnixMicros;
-use crate::model::step::{CallType, Step, TrajectorySummary};
+use crate::model::step::{CallType, Purpose, Step, TrajectorySummary};
 use crate::model::trace::{ProviderTrace, rfc3339};
 
 use super::prefix::LastCall;
@@ -17,13 +17,22 @@ pub struct ParentLink {
     pub step_index: u32,
     pub tool_call_id: String,
     pub agent_role: Option<String>,
+    /// Started by a delegation tool or a handoff (a sub-agent), rather than quoting an ordinary tool's
+    /// argument (a side call about that tool's work).
+    pub delegated: bool,
 }
 
-/// How a trajectory came to be: started by another's tool call, or continuing one after compaction.
+/// How a trajectory came to be: started by another's tool call, continuing one after compaction, or
+/// summarizing one (a compaction call); its purpose and session.
 #[derive(Debug, Default)]
 pub struct Origin {
     pub parent: Option<ParentLink>,
     pub continues: Option<String>,
+    pub summarizes: Option<String>,
+    pub purpose: Option<Purpose>,
+    /// The native session (empty when none): what the trajectory's root key was scoped by.
+    pub scope: String,
+    pub session: Option<String>,
 }
 
 pub struct Trajectory {
@@ -39,6 +48,11 @@ pub struct Trajectory {
     /// How many calls were seen at each agent step index (retries repeat an index).
     attempts: HashMap<u32, u32>,
     pub parent: Option<ParentLink>,
+    pub scope: String,
+    pub purpose: Purpose,
+    /// The step indexes this trajectory produced (STEPS is their count, not the largest index + 1: a
+    /// trajectory that starts mid-conversation does not own the earlier indexes).
+    indexes: BTreeSet<u32>,
     models: BTreeSet<String>,
     call_types: BTreeSet<&'static str>,
 }
@@ -48,10 +62,12 @@ impl Trajectory {
         Trajectory {
             summary: TrajectorySummary {
                 trajectory_id: id.to_owned(),
-                session_id: trace.meta.session.clone(),
+                session_id: origin.session.or_else(|| Some(id.to_owned())),
                 agent: trace.meta.agent.clone(),
                 started_at: rfc3339(trace.timings.start),
                 continues: origin.continues,
+                purpose: origin.purpose,
+                parent_trajectory_id: origin.summarizes,
                 ..TrajectorySummary::default()
             },
             steps: BTreeMap::new(),
@@ -62,9 +78,17 @@ impl Trajectory {
             next_index: 0,
             attempts: HashMap::new(),
             parent: origin.parent,
+            scope: origin.scope,
+            purpose: origin.purpose.unwrap_or(Purpose::Main),
+            indexes: BTreeSet::new(),
             models: BTreeSet::new(),
             call_types: BTreeSet::new(),
         }
+    }
+
+    /// Record the step indexes a call produced.
+    pub fn add_indexes(&mut self, indexes: impl IntoIterator<Item = u32>) {
+        self.indexes.extend(indexes);
     }
 
     /// 1 for the first call at `index`, 2 for its first retry, ...
@@ -113,7 +137,7 @@ impl Trajectory {
         s.output_tokens += usage.output;
         s.cache_read_tokens += usage.cache_read.unwrap_or(0);
         s.ended_at = rfc3339(end);
-        s.steps = s.steps.max(fact.agent_index + 1);
+        s.steps = self.indexes.len() as u32;
         s.models = self.models.iter().cloned().collect();
         s.call_types = self.call_types.iter().map(|c| (*c).to_owned()).collect();
         if s.agent.is_none() {
@@ -146,7 +170,6 @@ pub struct CallFacts<'a> {
     /// The model that answered, else the one requested.
     pub model: Option<&'a str>,
     pub call_type: CallType,
-    pub agent_index: u32,
 }
 
 /// Open trajectories and the tool calls that wait for results, across trajectories (a handoff carries the

@@ -3,10 +3,9 @@
 
 use crate::model::call::{NormalizedCall, Role};
 use crate::model::exchange::Outcome;
-use crate::model::step::{CallType, Step, StepRole, StepTimings, StepToolCall, TokenUsage};
+use crate::model::step::{CallType, Purpose, Step, StepRole, StepTimings, StepToolCall, TokenUsage};
 use crate::model::trace::{ProviderTrace, rfc3339};
 
-use super::identity::is_warmup;
 use super::prefix::Reuse;
 use super::snippets;
 use super::state::ParentLink;
@@ -48,36 +47,33 @@ pub fn is_native_chain(call: &NormalizedCall) -> bool {
     call.previous_response_id.is_some() || call.conversation_id.is_some()
 }
 
-pub fn call_type(call: &NormalizedCall, parent: Option<&ParentLink>) -> CallType {
-    if is_warmup(call) {
-        CallType::Warmup
-    } else if parent.is_some() {
-        CallType::Subagent
-    } else {
-        CallType::Main
-    }
-}
-
 /// Fields every step of one call shares.
 pub struct StepBase<'a> {
     pub traj_id: &'a str,
     pub trace: &'a ProviderTrace,
+    pub session: Option<&'a str>,
     pub sp_hash: Option<String>,
     pub tools: Vec<String>,
     pub parent: Option<&'a ParentLink>,
+    /// The trajectory this one is linked to without a tool call (the one a compaction call summarizes).
+    pub linked: Option<&'a str>,
     pub call_type: CallType,
+    pub purpose: Purpose,
 }
 
 impl StepBase<'_> {
     pub fn step(&self, index: u32, role: StepRole) -> Step {
         let agent_role = match self.parent {
+            _ if matches!(self.purpose, Purpose::Side | Purpose::Title | Purpose::Compaction) => {
+                Some(self.purpose.as_str().to_owned())
+            }
             Some(p) => p.agent_role.clone().or(Some("subagent".into())),
             None => Some("main".to_owned()),
         };
         Step {
             step_id: format!("{}/{index}", self.traj_id),
             trajectory_id: self.traj_id.to_owned(),
-            session_id: self.trace.meta.session.clone(),
+            session_id: self.session.map(str::to_owned),
             step_index: index,
             role,
             content: None,
@@ -87,6 +83,7 @@ impl StepBase<'_> {
             agent_role,
             parent_step: self.parent.map(|p| p.step_index),
             call_type: Some(self.call_type),
+            purpose: Some(self.purpose),
             tools_available: if role == StepRole::Agent {
                 self.tools.clone()
             } else {
@@ -98,7 +95,10 @@ impl StepBase<'_> {
             token_usage: TokenUsage::default(),
             timestamp: rfc3339(self.trace.timings.start),
             agent: self.trace.meta.agent.clone(),
-            parent_trajectory_id: self.parent.map(|p| p.trajectory_id.clone()),
+            parent_trajectory_id: self
+                .parent
+                .map(|p| p.trajectory_id.clone())
+                .or_else(|| self.linked.map(str::to_owned)),
             parent_tool_call_id: self.parent.map(|p| p.tool_call_id.clone()),
             provider_trace_id: None,
             provider: None,
@@ -260,18 +260,11 @@ mod tests {
     }
 
     #[test]
-    fn call_type_is_warmup_then_subagent_then_main() {
-        let parent = ParentLink {
-            trajectory_id: "tr_p".into(),
-            step_index: 1,
-            tool_call_id: "c1".into(),
-            agent_role: None,
-        };
-        let mut c = call("", vec![user("x")], text_out("y"));
-        assert_eq!(call_type(&c, None), CallType::Main);
-        assert_eq!(call_type(&c, Some(&parent)), CallType::Subagent);
-        c.max_output_tokens = Some(1);
-        assert_eq!(call_type(&c, Some(&parent)), CallType::Warmup);
+    fn call_type_follows_purpose() {
+        assert_eq!(Purpose::Quota.call_type(), CallType::Warmup);
+        assert_eq!(Purpose::Subagent.call_type(), CallType::Subagent);
+        assert_eq!(Purpose::Side.call_type(), CallType::Main);
+        assert_eq!(Purpose::Compaction.call_type(), CallType::Main);
     }
 
     #[test]
@@ -281,10 +274,13 @@ mod tests {
         let base = StepBase {
             traj_id: "tr_1",
             trace: &t,
+            session: Some("tr_1"),
             sp_hash: None,
             tools: vec!["read".into()],
             parent: None,
+            linked: None,
             call_type: CallType::Main,
+            purpose: Purpose::Main,
         };
         let reuse = Reuse {
             tokens: 7,

@@ -78,13 +78,13 @@ impl ParentCandidates {
     /// The most recent call of another trajectory whose arguments and the new root's prompt contain each
     /// other. A sub-agent starts right after its parent's call, so only the newest candidates are examined
     /// (bounded work per new root).
-    fn matching(&self, traj_id: &str, first_user: &str, system: &str) -> Option<(&str, &str)> {
+    fn matching(&self, traj_id: &str, first_user: &str, system: &str) -> Option<(&str, &str, bool)> {
         for call_id in self.by_time.values().rev().take(MAX_PARENT_CANDIDATES) {
             let Some((_, c)) = self.by_call.get(call_id) else {
                 continue;
             };
             if c.owner != traj_id && c.matches(first_user, system) {
-                return Some((c.owner.as_str(), call_id.as_str()));
+                return Some((c.owner.as_str(), call_id.as_str(), c.delegating));
             }
         }
         None
@@ -106,12 +106,12 @@ impl State {
     /// For a new root: the outstanding tool call that started it, if any.
     pub fn find_parent(&self, traj_id: &str, call: &NormalizedCall) -> Option<ParentLink> {
         if let Some((owner, call_id)) = self.handoff(traj_id, call) {
-            return self.parent_link(owner, call_id);
+            return self.parent_link(owner, call_id, true);
         }
         let first_user = first_user_text(call).unwrap_or_default();
         let system = call.system.as_deref().unwrap_or("");
-        let (owner, call_id) = self.candidates.matching(traj_id, first_user.trim(), system)?;
-        self.parent_link(owner, call_id)
+        let (owner, call_id, delegated) = self.candidates.matching(traj_id, first_user.trim(), system)?;
+        self.parent_link(owner, call_id, delegated)
     }
 
     /// A handoff: the new root's request carries a call id owned by another trajectory.
@@ -129,7 +129,7 @@ impl State {
         None
     }
 
-    fn parent_link(&self, owner: &str, call_id: &str) -> Option<ParentLink> {
+    fn parent_link(&self, owner: &str, call_id: &str, delegated: bool) -> Option<ParentLink> {
         let t = self.trajectories.get(owner)?;
         let idx = *t.open_calls.get(call_id)?;
         let tc = t
@@ -143,13 +143,14 @@ impl State {
             step_index: idx,
             tool_call_id: call_id.to_owned(),
             agent_role: Some(agent_role(tc)),
+            delegated,
         })
     }
 
     /// Compaction: a new root in the same session, with the same system prompt as an open trajectory, whose
     /// first user turn is a summary of the conversation so far, continues that trajectory (the most recently
     /// active one; ties broken by id so every run picks the same).
-    pub fn find_compacted(&self, traj_id: &str, session: Option<&str>, call: &NormalizedCall) -> Option<String> {
+    pub fn find_compacted(&self, traj_id: &str, scope: &str, call: &NormalizedCall) -> Option<String> {
         if !is_compaction_summary(&first_user_text(call)?) {
             return None;
         }
@@ -158,7 +159,7 @@ impl State {
             .iter()
             .filter(|(id, t)| {
                 *id != traj_id
-                    && t.summary.session_id.as_deref() == session
+                    && t.scope == scope
                     && t.last.as_ref().is_some_and(|l| l.system_hash() == sp_hash.as_deref())
             })
             .max_by_key(|(id, t)| (t.last_seen_us, *id))
@@ -303,6 +304,31 @@ mod tests {
         assert_eq!(short.summary.continues, None);
         let other = h.send(call("reviewer", vec![user(&format!("{summary} "))], text_out("?")));
         assert_eq!(other.summary.continues, None);
+    }
+
+    #[test]
+    fn a_one_shot_call_quoting_an_ordinary_tools_argument_is_a_side_call() {
+        let mut h = Harness::new(Api::AnthropicMessages);
+        let bash = tool_call(
+            "toolu_b",
+            "Bash",
+            json!({"command": "cargo test --workspace --all-features"}),
+        );
+        let parent = h.send(call("main agent", vec![user("run the tests")], calls_out(&[bash])));
+        let summary = h.send(call(
+            "Summarize the command output.",
+            vec![user("Command: cargo test --workspace --all-features\nOutput: 3 passed")],
+            text_out("3 tests passed"),
+        ));
+        let s = summary.agent();
+        assert_eq!(s.purpose, Some(crate::model::step::Purpose::Side));
+        assert_eq!(s.call_type, Some(CallType::Main));
+        assert_eq!(s.agent_role.as_deref(), Some("side"));
+        assert_eq!(s.parent_trajectory_id.as_deref(), Some(parent.trajectory_id.as_str()));
+        assert_eq!(
+            summary.summary.session_id.as_deref(),
+            Some(parent.trajectory_id.as_str())
+        );
     }
 
     #[test]

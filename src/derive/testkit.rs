@@ -122,6 +122,7 @@ pub fn trace(api: Api, start: UnixMicros, end: UnixMicros) -> ProviderTrace {
         usage: None,
         facts: None,
         trajectory_id: None,
+        session_id: None,
     }
 }
 

@@ -111,7 +111,11 @@ fn write_trajectories(
             continue;
         }
         // One trajectory (with its sub-agents when embedded) in memory at a time.
-        let data = load_trajectory(reader, s.clone(), &all, embeds_children, 0)?;
+        let mut data = load_trajectory(reader, s.clone(), &all, embeds_children, 0)?;
+        if format == ExportFormat::Opentraces {
+            // opentraces references sub-agents by id (`subagent_trajectory_ref`): their summaries suffice.
+            data.children = child_summaries(&all, &s.trajectory_id);
+        }
         match format {
             ExportFormat::Atif => lines.line(&formats::atif(&data)),
             ExportFormat::Invariant => lines.line(&formats::invariant(&data)),
@@ -157,6 +161,18 @@ fn write_trajectories(
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The trajectories `id` started, without their steps.
+fn child_summaries(all: &[crate::model::step::TrajectorySummary], id: &str) -> Vec<formats::TrajectoryData> {
+    all.iter()
+        .filter(|c| c.parent_trajectory_id.as_deref() == Some(id) && c.trajectory_id != id)
+        .map(|c| formats::TrajectoryData {
+            summary: c.clone(),
+            steps: Vec::new(),
+            children: Vec::new(),
+        })
+        .collect()
 }
 
 /// A trajectory's steps and, when `with_children`, the sub-agent trajectories it started (recursively).

@@ -17,6 +17,9 @@ pub enum Role {
     Assistant,
     /// A message that only carries tool results (OpenAI `role: tool`); Anthropic/Gemini put them in user turns.
     Tool,
+    /// System context inside the history (Claude Code 2.x `{"role":"system"}` entries in `messages[]`): neither a
+    /// user turn nor part of the system prompt.
+    System,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -186,6 +189,9 @@ pub struct NormalizedCall {
     pub previous_response_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conversation_id: Option<String>,
+    /// The session id the client put in the request body (Claude Code `metadata.user_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_session: Option<String>,
 }
 
 /// Tool arguments arrive as JSON text (OpenAI, Responses) or objects (Anthropic, Gemini); normalize to a value.

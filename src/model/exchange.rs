@@ -97,8 +97,14 @@ pub struct Timings {
 /// Session metadata the agent passed with `x-llmtap-*` headers or the `/s/<id>/` path form.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ExchangeMeta {
+    /// Explicit session: `x-llmtap-session` or the `/s/<id>/` path form.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The session id the client itself sends (Claude Code `x-claude-code-session-id`, Codex `session-id` /
+    /// `session_id` / `conversation_id`). Read from the live headers before redaction: the stored header list
+    /// keeps these values redacted (their names contain "session"), this typed field keeps the identifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_session: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

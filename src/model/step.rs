@@ -30,6 +30,55 @@ impl CallType {
     }
 }
 
+/// Why a call was made: finer than `CallType` (which keeps the seed's main | subagent | warmup), mapped onto
+/// each export format's own vocabulary (docs/architecture.md, "Call purpose").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Purpose {
+    /// The agent's own conversation.
+    Main,
+    /// A delegated agent started by another trajectory's tool call (Task, handoff, transfer).
+    Subagent,
+    /// Cache priming: a one-token call that offers the agent's tools.
+    Warmup,
+    /// A one-token probe without tools (quota / access check).
+    Quota,
+    /// Summarizing a trajectory's history to continue it in a fresh context.
+    Compaction,
+    /// A one-shot call naming the conversation.
+    Title,
+    /// Any other auxiliary one-shot call (a tool's output summary, topic detection, ...).
+    Side,
+}
+
+impl Purpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Main => "main",
+            Purpose::Subagent => "subagent",
+            Purpose::Warmup => "warmup",
+            Purpose::Quota => "quota",
+            Purpose::Compaction => "compaction",
+            Purpose::Title => "title",
+            Purpose::Side => "side",
+        }
+    }
+
+    /// The seed's call_type for this purpose (auxiliary calls of the agent are `main`).
+    pub fn call_type(self) -> CallType {
+        match self {
+            Purpose::Subagent => CallType::Subagent,
+            Purpose::Warmup | Purpose::Quota => CallType::Warmup,
+            _ => CallType::Main,
+        }
+    }
+
+    /// Auxiliary calls that `llmtap sessions` folds into a count.
+    pub fn is_auxiliary(self) -> bool {
+        matches!(self, Purpose::Warmup | Purpose::Quota | Purpose::Title | Purpose::Side)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepToolCall {
     pub tool_call_id: String,
@@ -107,6 +156,8 @@ pub struct Step {
     pub agent_role: Option<String>,
     pub parent_step: Option<u32>,
     pub call_type: Option<CallType>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purpose: Option<Purpose>,
     pub tools_available: Vec<String>,
     pub tool_calls: Vec<StepToolCall>,
     pub observations: Vec<Observation>,
@@ -149,6 +200,7 @@ impl TrajectorySummary {
             steps: self.steps,
             llm_calls: self.llm_calls,
             call_types: self.call_types.clone(),
+            purpose: self.purpose,
             input_tokens: self.input_tokens,
             output_tokens: self.output_tokens,
             cache_read_tokens: self.cache_read_tokens,
@@ -177,6 +229,9 @@ pub struct TrajectorySummary {
     pub steps: u32,
     pub llm_calls: u32,
     pub call_types: Vec<String>,
+    /// The purpose of the trajectory's first call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purpose: Option<Purpose>,
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cache_read_tokens: u64,

@@ -38,6 +38,8 @@ pub struct ProviderTrace {
     pub facts: Option<CallFacts>,
     /// Set by derivation: the trajectory this call belongs to.
     pub trajectory_id: Option<String>,
+    /// Set by derivation: the session of that trajectory (native or derived, see `derive::session`).
+    pub session_id: Option<String>,
 }
 
 /// The per-call facts exports use, read from the bodies once, on the pipeline thread.
@@ -91,7 +93,7 @@ impl ProviderTrace {
         TraceHead {
             id: self.id.clone(),
             trajectory_id: self.trajectory_id.clone(),
-            session: self.meta.session.clone(),
+            session: self.session_id.clone().or_else(|| self.meta.session.clone()),
             agent: self.meta.agent.clone(),
             upstream: self.upstream.clone(),
             api: self.api,
@@ -146,6 +148,8 @@ struct TraceExport<'a> {
     usage: Option<&'a Usage>,
     #[serde(skip_serializing_if = "Option::is_none")]
     trajectory_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<&'a str>,
     request: &'a JsonText,
     response: &'a JsonText,
     headers: Value,
@@ -177,6 +181,7 @@ impl ProviderTrace {
             model: self.model.as_deref(),
             usage: self.usage.as_ref(),
             trajectory_id: self.trajectory_id.as_deref(),
+            session_id: self.session_id.as_deref(),
             request: &self.request,
             response: &self.response,
             headers: json!({"request": headers_json(&self.request_headers), "response": headers_json(&self.response_headers)}),

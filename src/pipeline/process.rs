@@ -194,6 +194,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         usage: call.as_ref().and_then(|c| c.usage),
         facts: call.as_ref().map(CallFacts::of),
         trajectory_id: None,
+        session_id: None,
     };
     Processed { trace, call, errors }
 }

@@ -157,10 +157,10 @@ impl ProviderAdapter for AnthropicMessages {
         };
         let mut messages = Vec::new();
         for m in req.get("messages").and_then(Json::as_array).into_iter().flatten() {
-            let role = if m.str_at("role") == Some("assistant") {
-                Role::Assistant
-            } else {
-                Role::User
+            let role = match m.str_at("role") {
+                Some("assistant") => Role::Assistant,
+                Some("system") => Role::System,
+                _ => Role::User,
             };
             let parts = blocks_to_parts(m.field("content"));
             messages.push(Message { role, parts });
@@ -224,8 +224,28 @@ impl ProviderAdapter for AnthropicMessages {
             max_output_tokens: req.get("max_tokens").and_then(Json::as_u64),
             previous_response_id: None,
             conversation_id: None,
+            client_session: req
+                .get("metadata")
+                .and_then(|m| m.str_at("user_id"))
+                .and_then(claude_code_session),
         }
     }
+}
+
+/// The session id in Claude Code's `metadata.user_id`: a JSON string `{"device_id":…,"session_id":"<uuid>"}`
+/// (2.1.78 and later) or `user_<hash>_account_<id>_session_<uuid>` (earlier versions).
+pub fn claude_code_session(user_id: &str) -> Option<String> {
+    let id = if user_id.trim_start().starts_with('{') {
+        serde_json::from_str::<serde_json::Value>(user_id)
+            .ok()?
+            .get("session_id")?
+            .as_str()?
+            .to_owned()
+    } else {
+        user_id.rsplit_once("_session_")?.1.to_owned()
+    };
+    let id = id.trim();
+    (!id.is_empty()).then(|| id.to_owned())
 }
 
 fn finish_tool_input(blocks: &mut [Value], partial_json: &mut [Option<String>], i: usize) {
@@ -298,5 +318,21 @@ fn usage_of(u: &Json<'_>) -> Usage {
         cache_read,
         cache_write,
         reasoning: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claude_code_session;
+
+    #[test]
+    fn claude_code_session_from_both_user_id_shapes() {
+        let json = r#"{"device_id":"abc","account_uuid":"","session_id":"54c1eb09-bc4c"}"#;
+        assert_eq!(claude_code_session(json).as_deref(), Some("54c1eb09-bc4c"));
+        let legacy = "user_9f2e_account__session_57a121ec-f78c";
+        assert_eq!(claude_code_session(legacy).as_deref(), Some("57a121ec-f78c"));
+        assert_eq!(claude_code_session("user_9f2e"), None);
+        assert_eq!(claude_code_session(r#"{"device_id":"abc"}"#), None);
+        assert_eq!(claude_code_session("user_x_session_ "), None);
     }
 }

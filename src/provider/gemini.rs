@@ -230,6 +230,7 @@ impl ProviderAdapter for Gemini {
                 .and_then(Json::as_u64),
             previous_response_id: None,
             conversation_id: None,
+            client_session: None,
         }
     }
 }

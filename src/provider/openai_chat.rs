@@ -211,6 +211,7 @@ impl ProviderAdapter for OpenAiChat {
                 .or_else(|| req.get("max_tokens").and_then(Json::as_u64)),
             previous_response_id: None,
             conversation_id: None,
+            client_session: None,
         }
     }
 }

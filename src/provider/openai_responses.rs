@@ -216,6 +216,7 @@ impl ProviderAdapter for OpenAiResponses {
                 Some(c) => c.owned_str("id"),
                 None => None,
             },
+            client_session: None,
         }
     }
 }

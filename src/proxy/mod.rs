@@ -379,12 +379,17 @@ impl Drop for AwaitingUpstream {
 /// lookup per name (each hashed a non-standard name); the first non-empty value of a name counts.
 fn exchange_meta(headers: &http::HeaderMap, path_session: Option<String>, path_agent: Option<String>) -> ExchangeMeta {
     let (mut session, mut agent, mut tags, mut traceparent) = (None, None, None, None);
+    let (mut claude, mut codex) = (None, None);
     for (name, value) in headers {
         let slot = match name.as_str() {
             "x-llmtap-session" => &mut session,
             "x-llmtap-agent" => &mut agent,
             "x-llmtap-tags" => &mut tags,
             "traceparent" => &mut traceparent,
+            // Clients' own session ids (docs/architecture.md, "Sessions"): Claude Code 2.1.86+, and Codex CLI
+            // (`session-id` in current releases, `session_id` / `conversation_id` in earlier ones).
+            "x-claude-code-session-id" => &mut claude,
+            "session-id" | "session_id" | "conversation_id" => &mut codex,
             _ => continue,
         };
         if slot.is_none() {
@@ -398,6 +403,7 @@ fn exchange_meta(headers: &http::HeaderMap, path_session: Option<String>, path_a
     }
     ExchangeMeta {
         session: session.or(path_session),
+        client_session: claude.or(codex),
         agent: agent.or(path_agent),
         tags: tags
             .map(|t: String| {
@@ -440,8 +446,15 @@ mod tests {
                 .unwrap(),
         );
         h.insert("content-type", "application/json".parse().unwrap());
+        h.insert("session_id", "codex-1".parse().unwrap());
+        h.insert("x-claude-code-session-id", "cc-1".parse().unwrap());
         let meta = exchange_meta(&h, Some("from-path".into()), Some("path-agent".into()));
         assert_eq!(meta.session.as_deref(), Some("s-42"));
+        assert_eq!(
+            meta.client_session.as_deref(),
+            Some("cc-1"),
+            "Claude Code's header wins"
+        );
         assert_eq!(
             meta.agent.as_deref(),
             Some("path-agent"),

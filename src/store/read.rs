@@ -418,13 +418,15 @@ const TRACE_SEQ_COLUMN: usize = 24;
 /// The columns `trace_from_row` reads, in its order, then `t.seq`.
 const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
     t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
-    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.facts, t.seq
+    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.facts, t.seq,
+    t.session_id
     FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id";
 
 /// `TRACE_SELECT` without the bodies (read as NULL).
 const TRACE_SELECT_WITHOUT_BODIES: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status,
     t.outcome, t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes,
-    t.response_bytes, t.usage, t.request_headers, t.response_headers, t.metadata, NULL, NULL, NULL, t.facts, t.seq
+    t.response_bytes, t.usage, t.request_headers, t.response_headers, t.metadata, NULL, NULL, NULL, t.facts, t.seq,
+    t.session_id
     FROM traces t";
 
 fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
@@ -466,6 +468,7 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         response: JsonText::from_stored(decompress(row.get(21)?)),
         raw_response: decompress(row.get(22)?),
         facts,
+        session_id: row.get(25)?,
         id,
     })
 }

@@ -90,6 +90,12 @@ const V2: &str = r#"
 CREATE INDEX IF NOT EXISTS steps_trace ON steps(trace_id);
 "#;
 
+/// v3: sessions are a level above trajectories (`llmtap sessions` groups by session, the API filters by it).
+const V3: &str = r#"
+CREATE INDEX IF NOT EXISTS trajectories_session ON trajectories(session_id);
+CREATE INDEX IF NOT EXISTS steps_session ON steps(session_id);
+"#;
+
 /// v6: what the adapter read from each call (`model::trace::CallFacts`, JSON), so that span export reads no
 /// bodies. Rows written before have NULL and are read from their bodies again.
 const V6: &str = r#"
@@ -109,6 +115,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 2 {
         conn.execute_batch(V2)?;
+    }
+    if version < 3 {
+        conn.execute_batch(V3)?;
     }
     if version < 6 {
         conn.execute_batch(V6)?;

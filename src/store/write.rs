@@ -177,7 +177,7 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)")?.execute(params![
             t.id,
             t.trajectory_id,
-            t.meta.session,
+            t.session_id.as_ref().or(t.meta.session.as_ref()),
             t.meta.agent,
             t.upstream,
             t.api.as_str(),

@@ -785,7 +785,16 @@ impl Llmtap {
     }
 
     /// `llmtap sessions --json`, parsed.
+    /// Every trajectory of `llmtap sessions --json`, session by session.
     pub fn sessions_json(&self) -> Vec<Value> {
+        self.session_groups()
+            .into_iter()
+            .flat_map(|s| s["trajectories"].as_array().cloned().unwrap_or_default())
+            .collect()
+    }
+
+    /// `llmtap sessions --json`: one value per session, with its trajectories.
+    pub fn session_groups(&self) -> Vec<Value> {
         self.cli(&["sessions", "--json"])
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())

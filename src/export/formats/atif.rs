@@ -103,6 +103,7 @@ pub fn atif(t: &TrajectoryData) -> Value {
                     "extra": {
                         "step_index": st.step_index,
                         "call_type": st.call_type,
+                        "purpose": st.purpose,
                         "agent_role": st.agent_role,
                         "parent_step": st.parent_step,
                         "system_prompt_hash": st.system_prompt_hash,

@@ -11,7 +11,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{TrajectoryData, derived_uuid, step_extras, strip_nulls};
-use crate::model::step::{CallType, Step, StepRole};
+use crate::model::step::{CallType, Purpose, Step, StepRole};
 use crate::model::trace::ProviderTrace;
 
 fn letta_id(prefix: &str, id: &str) -> String {
@@ -310,7 +310,10 @@ fn step_record(
     strip_nulls(&mut metrics);
 
     let provider_trace = trace.map(|t| {
+        // Letta's LLMCallType: a compaction call is `summarization` (and carries no llm_config).
+        let summarization = st.purpose == Some(Purpose::Compaction);
         let call_type = match st.call_type {
+            _ if summarization => "summarization",
             Some(CallType::Warmup) => "warmup",
             _ => "agent_step",
         };
@@ -325,7 +328,7 @@ fn step_record(
             "call_type": call_type,
             "run_id": run_id,
             "source": "llmtap",
-            "llm_config": llm_config(st, Some(t)),
+            "llm_config": (!summarization).then(|| llm_config(st, Some(t))),
         });
         strip_nulls(&mut p);
         p
@@ -335,6 +338,7 @@ fn step_record(
     extra.insert("trajectory_id".into(), json!(st.trajectory_id));
     extra.insert("step_index".into(), json!(st.step_index));
     extra.insert("call_type".into(), json!(st.call_type));
+    extra.insert("purpose".into(), json!(st.purpose));
     extra.insert("agent_role".into(), json!(st.agent_role));
     extra.insert("parent_step".into(), json!(st.parent_step));
     extra.insert("system_prompt_hash".into(), json!(st.system_prompt_hash));

@@ -144,6 +144,7 @@ fn otel_messages(messages: &[Message]) -> Value {
                     Role::User => "user",
                     Role::Assistant => "assistant",
                     Role::Tool => "tool",
+                    Role::System => "system",
                 };
                 json!({"role": role, "parts": otel_parts(&m.parts)})
             })
@@ -264,6 +265,9 @@ impl<'a> SpanBuilder<'a> {
         if let Some(session) = &trace.meta.session {
             attrs.push(s(sc::LLMTAP_SESSION_ID, session.clone()));
         }
+        if let Some(session) = trace.session_id.as_ref().or(trace.meta.session.as_ref()) {
+            attrs.push(s(sc::SESSION_ID, session.clone()));
+        }
         if let (true, Some(fb)) = (trace.streamed, trace.timings.first_byte) {
             attrs.push(f(
                 sc::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
@@ -342,6 +346,9 @@ impl<'a> SpanBuilder<'a> {
             attrs.push(i(sc::LLMTAP_STEP_INDEX, st.step_index as u64));
             if let Some(ct) = st.call_type {
                 attrs.push(s(sc::LLMTAP_CALL_TYPE, ct.as_str()));
+            }
+            if let Some(p) = st.purpose {
+                attrs.push(s(sc::LLMTAP_PURPOSE, p.as_str()));
             }
             attrs.push(i(sc::LLMTAP_PREFIX_REUSE_TOKENS, st.token_usage.prefix_reuse_tokens));
             attrs.push(b(
@@ -439,6 +446,10 @@ impl<'a> SpanBuilder<'a> {
             s(sc::GEN_AI_AGENT_NAME, name.clone()),
             s(sc::GEN_AI_CONVERSATION_ID, t.trajectory_id.clone()),
             s(sc::LLMTAP_TRAJECTORY_ID, t.trajectory_id.clone()),
+            s(
+                sc::SESSION_ID,
+                t.session_id.clone().unwrap_or_else(|| t.trajectory_id.clone()),
+            ),
             i(sc::GEN_AI_USAGE_INPUT_TOKENS, t.input_tokens),
             i(sc::GEN_AI_USAGE_OUTPUT_TOKENS, t.output_tokens),
             i(sc::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, t.cache_read_tokens),
