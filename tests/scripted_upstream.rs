@@ -17,14 +17,6 @@ async fn post(client: &Client, tap: &Llmtap, path: &str, headers: &[(&str, &str)
     send(client, "POST", &tap.url(path), &h, serde_json::to_vec(body).unwrap()).await
 }
 
-fn trace_for<'a>(traces: &'a [Value], path_part: &str, n: usize) -> &'a Value {
-    traces
-        .iter()
-        .filter(|t| t["path"].as_str().unwrap_or("").contains(path_part))
-        .nth(n)
-        .unwrap_or_else(|| panic!("no trace {n} for {path_part}: {traces:#?}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_error_status_is_the_traces_error_streamed_or_not() {
     for tls in [true, false] {
@@ -233,53 +225,23 @@ async fn the_scripted_upstream_answers_every_api_shape_and_llmtap_captures_it() 
     );
     assert_eq!(tools[..5], tools[5..]);
 
-    let traces = tap.wait_for_traces(calls.len());
-    assert_eq!(traces.len(), calls.len());
-    let mut by_path: std::collections::HashMap<String, usize> = Default::default();
+    let traces = up.assert_captured(&tap);
     for s in &sent {
-        let key = s.path.split(':').next().unwrap().to_owned();
-        let n = by_path.entry(key.clone()).or_default();
-        let t = trace_for(&traces, &key, *n);
-        *n += 1;
-        assert_eq!(t["outcome"], "complete");
+        let t = traces
+            .iter()
+            .find(|t| t["headers"]["response"]["request-id"] == s.request_id().as_str())
+            .unwrap();
         assert!(t["error"].is_null(), "{t:#}");
-        assert_eq!(t["streamed"], s.streamed, "{}", s.path);
-        if s.streamed {
-            let raw = stored_raw_response(dir.path(), t["id"].as_str().unwrap()).unwrap();
-            assert_eq!(raw.as_bytes(), s.body.as_slice(), "the stream is stored as sent");
-        } else {
-            assert_eq!(t["response"], serde_json::from_slice::<Value>(&s.body).unwrap());
-        }
-        let usage = s.usage.as_ref().unwrap();
-        let (input, output) = match () {
-            _ if usage.get("promptTokenCount").is_some() => (
-                usage["promptTokenCount"].as_u64().unwrap(),
-                usage["candidatesTokenCount"].as_u64().unwrap(),
-            ),
-            _ if usage.get("prompt_tokens").is_some() => (
-                usage["prompt_tokens"].as_u64().unwrap(),
-                usage["completion_tokens"].as_u64().unwrap(),
-            ),
-            _ if usage.get("cache_read_input_tokens").is_some() => (
-                ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"]
-                    .iter()
-                    .map(|k| usage[*k].as_u64().unwrap())
-                    .sum(),
-                usage["output_tokens"].as_u64().unwrap(),
-            ),
-            _ => (
-                usage["input_tokens"].as_u64().unwrap(),
-                usage["output_tokens"].as_u64().unwrap(),
-            ),
-        };
-        assert_eq!(t["usage"]["input"], input, "{}: {t:#}", s.path);
-        assert_eq!(t["usage"]["output"], output, "{}", s.path);
         let text = t["response"].to_string();
         match &s.tool {
             Some(tool) => assert!(text.contains("echo hi") && text.contains(tool.as_str()), "{text}"),
             None => assert!(text.contains(SCRIPTED_TEXT), "{text}"),
         }
     }
-    let cached = &traces[0]["usage"];
+    let first = traces
+        .iter()
+        .find(|t| t["headers"]["response"]["request-id"] == sent[0].request_id().as_str())
+        .unwrap();
+    let cached = &first["usage"];
     assert!(cached["cache_read"].as_u64().unwrap() > 0, "{cached}");
 }

@@ -26,6 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+pub mod clients;
 pub mod scripted;
 
 // === fixtures ===

@@ -34,6 +34,8 @@ pub const SCRIPTED_TEXT: &str = "Done: the command printed hi.";
 /// One response the scripted upstream sent.
 #[derive(Debug, Clone)]
 pub struct Sent {
+    /// Its number, in the order requests arrived (from 1).
+    pub n: u64,
     pub method: String,
     /// Path and query as the upstream received it.
     pub path: String,
@@ -61,7 +63,88 @@ impl Deref for Scripted {
     }
 }
 
+impl Sent {
+    /// The `request-id` response header it sent (stored by llmtap with the trace's response headers).
+    pub fn request_id(&self) -> String {
+        format!("req_scripted{:012}", self.n)
+    }
+
+    /// The usage it reported, as llmtap's provider-independent (input incl. cache, output, cache read).
+    pub fn expected_usage(&self) -> Option<(u64, u64, u64)> {
+        let u = self.usage.as_ref().filter(|u| !u.is_null())?;
+        let n = |k: &str| u[k].as_u64().unwrap_or(0);
+        Some(if u.get("promptTokenCount").is_some() {
+            (
+                n("promptTokenCount"),
+                n("candidatesTokenCount"),
+                n("cachedContentTokenCount"),
+            )
+        } else if u.get("prompt_tokens").is_some() {
+            (
+                n("prompt_tokens"),
+                n("completion_tokens"),
+                u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
+            )
+        } else if u.get("cache_read_input_tokens").is_some() {
+            (
+                n("input_tokens") + n("cache_read_input_tokens") + n("cache_creation_input_tokens"),
+                n("output_tokens"),
+                n("cache_read_input_tokens"),
+            )
+        } else {
+            (
+                n("input_tokens"),
+                n("output_tokens"),
+                u["input_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
+            )
+        })
+    }
+}
+
 impl Scripted {
+    /// Every exchange the upstream answered was captured by `tap`: the same status, the bytes as sent (a stream's
+    /// text exactly, a JSON body's value), the usage the upstream reported. Returns the provider traces.
+    pub fn assert_captured(&self, tap: &Llmtap) -> Vec<Value> {
+        let sent = self.sent();
+        let traces = tap.wait_for_traces(sent.len());
+        assert_eq!(traces.len(), sent.len(), "one trace per upstream exchange");
+        for s in &sent {
+            let id = s.request_id();
+            let t = traces
+                .iter()
+                .find(|t| t["headers"]["response"]["request-id"] == id.as_str())
+                .unwrap_or_else(|| panic!("no trace for {} {} ({id})", s.method, s.path));
+            assert_eq!(t["status"], s.status, "{}", s.path);
+            assert_eq!(t["outcome"], "complete", "{}: {t:#}", s.path);
+            if s.status >= 400 {
+                assert!(t["error"].is_string(), "an error status is the trace's error: {t:#}");
+            }
+            if s.streamed {
+                assert_eq!(t["streamed"], true);
+                let raw = stored_raw_response(&tap.data_dir, t["id"].as_str().unwrap()).unwrap();
+                assert_eq!(
+                    raw.as_bytes(),
+                    s.body.as_slice(),
+                    "{}: the stream is stored as sent",
+                    s.path
+                );
+            } else if !s.body.is_empty() {
+                assert_eq!(
+                    t["response"],
+                    serde_json::from_slice::<Value>(&s.body).unwrap(),
+                    "{}",
+                    s.path
+                );
+            }
+            if let Some((input, output, cache_read)) = s.expected_usage() {
+                assert_eq!(t["usage"]["input"], input, "{}: {}", s.path, t["usage"]);
+                assert_eq!(t["usage"]["output"], output, "{}", s.path);
+                assert_eq!(t["usage"]["cache_read"].as_u64().unwrap_or(0), cache_read, "{}", s.path);
+            }
+        }
+        traces
+    }
+
     /// Over HTTPS (HTTP/2 or HTTP/1.1, as llmtap negotiates), as providers serve.
     pub async fn start() -> Scripted {
         Self::start_with(true).await
@@ -196,11 +279,16 @@ async fn answer(
         resp.headers_mut().insert("content-length", len.into());
     }
     sent.lock().unwrap().push(Sent {
+        n,
         method: parts.method.to_string(),
         path,
         status: reply.status,
         streamed: reply.streamed,
-        body: reply.frames.iter().flat_map(|f| f.iter().copied()).collect(),
+        body: if head {
+            Vec::new()
+        } else {
+            reply.frames.iter().flat_map(|f| f.iter().copied()).collect()
+        },
         usage: reply.usage.clone(),
         tool: reply.tool.clone(),
         request,
@@ -244,7 +332,12 @@ fn reply_for(
     if method == http::Method::POST && p.ends_with("/messages/count_tokens") {
         return Reply::json(200, json!({"input_tokens": tokens(request_len)}));
     }
-    if (method == http::Method::GET || method == http::Method::HEAD) && p.ends_with("/models") {
+    let get_or_head = method == http::Method::GET || method == http::Method::HEAD;
+    if get_or_head && (p == "/" || p.is_empty()) {
+        // Connectivity probes (Claude Code sends `HEAD /` to its base URL).
+        return Reply::json(200, json!({}));
+    }
+    if get_or_head && p.ends_with("/models") {
         return Reply::json(200, model_list(p, headers));
     }
     let Some(shape) = shape_of(method, path) else {
