@@ -153,6 +153,21 @@ async fn head_without_length(tls: bool) {
     );
     assert_eq!(r.headers.get("content-length").unwrap(), &get.body.len().to_string());
     assert_eq!(r.headers.get("request-id").unwrap(), "req_scripted000000000002");
+    // An upstream HEAD answer without a length gets none added (hyper would announce the empty body's 0).
+    let r = send(
+        &client,
+        "HEAD",
+        &tap.url("/openai/v1/models"),
+        &[("x-scripted-no-length", "1")],
+        vec![],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.headers.get("content-length").is_none(),
+        "llmtap added a content-length (tls {tls}): {:?}",
+        r.headers
+    );
 }
 
 /// One tool round then text, for every API shape, streamed and not: what the client got is what the upstream

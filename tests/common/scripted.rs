@@ -13,7 +13,8 @@
 //!
 //! Directives in the latest user text steer it: `[[tool:NAME]]` picks the tool (e.g. Claude Code's `Task`, an
 //! Agents SDK handoff `transfer_to_...`), `[[steps:N]]` asks for N tool rounds before the text, `[[status:N]]`
-//! answers with that HTTP error status. The header `x-scripted-status` does the same as the last one. Without a
+//! answers with that HTTP error status. The header `x-scripted-status` does the same as the last one, and
+//! `x-scripted-no-length` leaves `content-length` out of the answer. Without a
 //! directive the tool is the first shell-like one, else the first that is not a delegation (`Task`, `Agent`,
 //! `transfer_to_*`).
 //!
@@ -274,7 +275,8 @@ async fn answer(
     resp.headers_mut()
         .insert("request-id", format!("req_scripted{n:012}").parse().unwrap());
     // A HEAD answer has the headers a GET would have, its length included (RFC 9110 §9.3.2), and no body.
-    if !reply.streamed {
+    // `x-scripted-no-length` leaves the length out (a chunked answer, or a HEAD that does not announce one).
+    if !reply.streamed && !parts.headers.contains_key("x-scripted-no-length") {
         let len: usize = reply.frames.iter().map(Bytes::len).sum();
         resp.headers_mut().insert("content-length", len.into());
     }
