@@ -209,11 +209,10 @@ async fn claude_code_plain_run_is_captured_with_its_tool_round() {
     assert_key_not_stored(&up, &tap);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claude_code_task_subagent_is_linked_to_the_step_that_started_it() {
-    let Some((up, _dir, tap, bin)) = setup().await else {
-        return;
-    };
+/// A run whose model delegates with the Task (`Agent` in 2.x) tool, checked up to the links between the main
+/// and the sub-agent trajectory. Returns llmtap (with its store), the main and the sub-agent trajectory ids.
+async fn task_subagent_run() -> Option<(Scripted, tempfile::TempDir, Llmtap, String, String)> {
+    let (up, dir, tap, bin) = setup().await?;
     let env = Env::new(&tap);
     let run = run_client(env.claude(&bin, &["[[tool:Task]] Delegate saying hi to a helper."]), 60).await;
     eprintln!("claude -p (Task): {:.1} s\n{}", run.secs, dump(&up));
@@ -278,6 +277,54 @@ async fn claude_code_task_subagent_is_linked_to_the_step_that_started_it() {
     let row = sessions.iter().find(|r| r["trajectory_id"] == sub_id.as_str()).unwrap();
     assert_eq!(row["llm_calls"], 2, "{row:#}");
     assert_key_not_stored(&up, &tap);
+    let (main_id, sub_id) = (main_id.clone(), sub_id.clone());
+    Some((up, dir, tap, main_id, sub_id))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_task_subagent_is_linked_to_the_step_that_started_it() {
+    let Some((_up, _dir, tap, main_id, sub_id)) = task_subagent_run().await else {
+        return;
+    };
+    // ATIF embeds the sub-agent in its parent and references it from the delegating call's result.
+    let atif = tap.export("atif", &[]);
+    let main = atif
+        .iter()
+        .find(|t| t["session_id"] == main_id.as_str() || t.to_string().contains(&main_id))
+        .unwrap_or_else(|| panic!("{atif:#?}"));
+    let subs = main["subagent_trajectories"].as_array().unwrap();
+    assert_eq!(subs.len(), 1, "{main:#}");
+    assert!(subs[0].to_string().contains(&sub_id), "{:#}", subs[0]);
+    assert!(
+        main["steps"].to_string().contains(&format!(
+            "\"subagent_trajectory_ref\":[{{\"trajectory_id\":\"{sub_id}\"}}]"
+        )),
+        "{main:#}"
+    );
+}
+
+// needs sessions branch: the opentraces export references sub-agents (issue 15, item 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the sessions branch"]
+async fn claude_code_task_subagent_is_referenced_in_opentraces() {
+    let Some((_up, _dir, tap, main_id, sub_id)) = task_subagent_run().await else {
+        return;
+    };
+    let records = tap.export("opentraces", &[]);
+    let main = records
+        .iter()
+        .find(|r| r.to_string().contains(&main_id) && r["steps"].to_string().contains("Delegate saying hi"))
+        .unwrap_or_else(|| panic!("{records:#?}"));
+    let delegating = main["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| !s["subagent_trajectory_ref"].is_null())
+        .unwrap_or_else(|| panic!("no step references the sub-agent: {main:#}"));
+    assert!(
+        delegating["subagent_trajectory_ref"].to_string().contains(&sub_id),
+        "{delegating:#}"
+    );
 }
 
 // needs sessions branch: on main the resumed run (same history, changed system prompt) starts a new trajectory.
