@@ -2,7 +2,8 @@
 //! real against llmtap and the scripted upstream (tests/clients/vercel_ai.mjs): multi-step tool loops
 //! (`stopWhen: stepCountIs(5)`) with generateText and streamText on OpenAI Responses, OpenAI Chat Completions
 //! and Anthropic Messages. Asserts every call captured with the bytes and usage the upstream sent, the step
-//! counts the SDK saw, each tool call joined to its result, one trajectory per loop, and no API key stored.
+//! counts the SDK saw, each tool call joined to its result, one trajectory per loop, and no API key stored; and
+//! that running the same script twice gives two trajectories per prompt.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -31,12 +32,7 @@ fn dump(up: &Scripted) -> String {
         .join("\n")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn vercel_ai_multi_step_tool_loops() {
-    node_package("ai");
-    let up = Scripted::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+fn vercel_ai(tap: &Llmtap) -> Command {
     let mut cmd = Command::new("node");
     cmd.current_dir(node_clients_dir())
         .arg("vercel_ai.mjs")
@@ -44,6 +40,16 @@ async fn vercel_ai_multi_step_tool_loops() {
         .env("ANTHROPIC_BASE_URL", format!("http://{}/anthropic/v1", tap.addr))
         .env("OPENAI_API_KEY", KEY)
         .env("ANTHROPIC_API_KEY", KEY);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vercel_ai_multi_step_tool_loops() {
+    node_package("ai");
+    let up = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let cmd = vercel_ai(&tap);
     let run = run_client(cmd, 60).await;
     eprintln!("vercel ai: {:.1} s\n{}", run.secs, dump(&up));
     let out: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
@@ -126,5 +132,39 @@ async fn vercel_ai_multi_step_tool_loops() {
         let row = sessions.iter().find(|r| r["trajectory_id"] == id.as_str()).unwrap();
         assert_eq!(row["llm_calls"], rounds + 1, "{name}: {row:#}");
         assert_eq!(row["call_types"], json!(["main"]), "{name}: {row:#}");
+    }
+}
+
+/// Two separate runs with identical prompts are two trajectories each (issue 15, item 2), not one merged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vercel_ai_identical_runs_are_separate_trajectories() {
+    node_package("ai");
+    let up = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    run_client(vercel_ai(&tap), 60).await;
+    run_client(vercel_ai(&tap), 60).await;
+    assert_eq!(up.model_calls().len(), 18, "{}", dump(&up));
+    up.assert_captured(&tap);
+    let steps = tap.export("steps", &[]);
+    let sessions = tap.sessions_json();
+    for (marker, calls) in [
+        ("Responses generate", 2),
+        ("Chat stream", 3),
+        ("Anthropic stream", 2),
+        ("Anthropic generate", 2),
+    ] {
+        let mut ids: Vec<&str> = steps
+            .iter()
+            .filter(|s| s["role"] == "user" && s["content"].as_str().is_some_and(|c| c.contains(marker)))
+            .map(|s| s["trajectory_id"].as_str().unwrap())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 2, "{marker}: one trajectory per run");
+        for id in ids {
+            let row = sessions.iter().find(|r| r["trajectory_id"] == id).unwrap();
+            assert_eq!(row["llm_calls"], calls, "{marker}: {row:#}");
+        }
     }
 }

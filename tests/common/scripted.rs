@@ -370,7 +370,7 @@ fn reply_for(
 }
 
 fn model_list(path: &str, headers: &HeaderMap) -> Value {
-    if path.contains("/v1beta/") {
+    if path.contains("/v1beta/") || path.contains("/v1/models") && headers.contains_key("x-goog-api-key") {
         return json!({"models": [{"name": "models/gemini-2.5-flash", "displayName": "Gemini 2.5 Flash",
             "supportedGenerationMethods": ["generateContent", "countTokens"]}]});
     }
@@ -487,8 +487,10 @@ fn read_ask(shape: Shape, path: &str, r: &Value) -> Ask {
             for t in arr(&r["tools"]) {
                 for f in arr(&t["functionDeclarations"]) {
                     if let Some(name) = f["name"].as_str() {
+                        // google-genai sends the JSON-schema form in snake case.
                         let schema = f
                             .get("parametersJsonSchema")
+                            .or_else(|| f.get("parameters_json_schema"))
                             .or_else(|| f.get("parameters"))
                             .cloned()
                             .unwrap_or(json!({}));
