@@ -177,6 +177,21 @@ async fn claude_code_plain_run_is_captured_with_its_tool_round() {
     assert_eq!(main_calls.len(), 2, "{}", dump(&up));
     assert_eq!(main_calls[0].tool.as_deref(), Some("Bash"));
     assert_eq!(main_calls[1].tool, None);
+    // The usage Claude Code reports is the sum of what the upstream sent through llmtap.
+    let sum = |k: &str| {
+        up.model_calls()
+            .iter()
+            .map(|s| s.usage.as_ref().unwrap()[k].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    for k in [
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ] {
+        assert_eq!(out["usage"][k], sum(k), "{k}: {out:#}");
+    }
     up.assert_captured(&tap);
 
     let by_traj = steps_by_trajectory(&tap);
@@ -377,6 +392,19 @@ async fn claude_code_continue_resumes_the_conversation() {
             .map(|(id, _)| id.clone())
             .collect::<Vec<_>>()
     };
+    // needs sessions branch: Claude Code's own session id (its session header or `metadata.user_id`) is the
+    // session llmtap shows.
+    let session = a["session_id"].as_str().unwrap();
+    assert!(
+        up.received()
+            .iter()
+            .any(|r| format!("{:?}{}", r.headers, String::from_utf8_lossy(&r.body)).contains(session)),
+        "Claude Code sends its session id"
+    );
+    assert!(
+        tap.cli(&["sessions", "--json"]).contains(session),
+        "llmtap shows Claude Code's session {session}"
+    );
     let (firsts, seconds) = (with("First question"), with("Second question"));
     assert_eq!(seconds.len(), 1, "{by_traj:#?}");
     // needs sessions branch: a resumed conversation (same history, changed system prompt) continues its

@@ -5,6 +5,9 @@
 //! `ca_file`). A request names its recording with the `x-replay-fixture` header (forwarded unchanged by llmtap,
 //! as any client header is); without it, the upstream matches the request body against every recording of
 //! that path. SSE bodies are sent one event per frame, optionally paced.
+//!
+//! `scripted` is the other upstream: it answers whatever a real client sends (tool calls, then text) for the four
+//! API shapes; `clients` finds and runs the real agent clients that scripts/test.sh installs.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
