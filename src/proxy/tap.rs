@@ -69,6 +69,8 @@ pub struct Tap {
     small: bytes::BytesMut,
     cap: usize,
     first_byte_seen: bool,
+    /// The length the body announced (`content-length`), when it did.
+    expected_len: Option<u64>,
     finish: Finish,
 }
 
@@ -92,6 +94,7 @@ impl Tap {
             small: bytes::BytesMut::new(),
             cap,
             first_byte_seen: false,
+            expected_len: None,
             finish,
         }
     }
@@ -99,9 +102,17 @@ impl Tap {
     /// The body's exact length is known (`content-length`): a small body is copied into one buffer of exactly
     /// that size, so it never grows (copying what it held) and becomes `Bytes` without another allocation.
     fn expect_len(&mut self, len: u64) {
+        self.expected_len = Some(len);
         if len < SHARE_FRAMES_FROM as u64 {
             self.small.reserve((len as usize).min(self.cap));
         }
+    }
+
+    /// Every byte the body announced has passed. hyper stops polling a body once its announced length is
+    /// written, so the end of stream itself may never be seen (an HTTP/2 upstream that ends the stream with a
+    /// separate empty frame): the body is still complete.
+    fn received_all(&self) -> bool {
+        self.expected_len.is_some_and(|len| self.captured.len >= len)
     }
 
     #[inline]
@@ -252,9 +263,10 @@ where
                     if let (Some(data), Some(tap)) = (frame.data_ref(), this.tap.as_mut()) {
                         tap.record(data);
                     }
-                    // hyper stops polling once the body reports its end and then drops it: remember that the end
-                    // was reached, and send the exchange on Drop, after the last frame is on its way.
-                    if this.inner.is_end_stream() {
+                    // hyper stops polling once the body reports its end (or its announced length is written) and
+                    // then drops it: remember that the end was reached, and send the exchange on Drop, after the
+                    // last frame is on its way.
+                    if this.inner.is_end_stream() || this.tap.as_ref().is_some_and(|t| t.received_all()) {
                         this.reached_end = true;
                     }
                 }

@@ -5,6 +5,9 @@
 //! `ca_file`). A request names its recording with the `x-replay-fixture` header (forwarded unchanged by llmtap,
 //! as any client header is); without it, the upstream matches the request body against every recording of
 //! that path. SSE bodies are sent one event per frame, optionally paced.
+//!
+//! `scripted` is the other upstream: it answers whatever a real client sends (tool calls, then text) for the four
+//! API shapes; `clients` finds and runs the real agent clients that scripts/test.sh installs.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
@@ -25,6 +28,9 @@ use hyper::body::{Body, Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use tokio::sync::mpsc;
+
+pub mod clients;
+pub mod scripted;
 
 // === fixtures ===
 
@@ -350,22 +356,6 @@ impl Upstream {
     }
 
     pub async fn start_on(options: ReplayOptions, bind: SocketAddr) -> Upstream {
-        let dir = tempfile::tempdir().unwrap();
-        let ca = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
-        let ca_pem_path = dir.path().join("upstream-ca.pem");
-        std::fs::write(&ca_pem_path, ca.cert.pem()).unwrap();
-        let cert = rustls_pki_types::CertificateDer::from(ca.cert.der().to_vec());
-        let key = rustls_pki_types::PrivateKeyDer::try_from(ca.signing_key.serialize_der()).unwrap();
-        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![cert], key)
-            .unwrap();
-        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-        let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let received = Arc::new(Mutex::new(Vec::new()));
         let state = Arc::new(ReplayState {
             by_name: all_fixtures().into_iter().map(|f| (f.name.clone(), f)).collect(),
@@ -373,33 +363,81 @@ impl Upstream {
             received: received.clone(),
             served: Mutex::new(HashMap::new()),
         });
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let acceptor = acceptor.clone();
-                let state = state.clone();
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let svc = hyper::service::service_fn(move |req| replay(state.clone(), req));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
-                });
-            }
-        });
-        Upstream {
-            addr,
-            ca_pem_path,
-            received,
-            _dir: dir,
-            task,
-        }
+        serve_tls(bind, received, move |req| replay(state.clone(), req)).await
     }
 
     pub fn received(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()
+    }
+}
+
+/// An HTTPS server on `bind` (a fresh self-signed certificate, written to `ca_pem_path` for llmtap's
+/// `ca_file`), HTTP/1.1 and HTTP/2, answering every request with `handler`.
+pub async fn serve_tls<F, Fut>(bind: SocketAddr, received: Arc<Mutex<Vec<Received>>>, handler: F) -> Upstream
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Response<ChannelBody>, std::io::Error>> + Send + 'static,
+{
+    serve(bind, true, received, handler).await
+}
+
+/// As [`serve_tls`], or plain HTTP/1.1 when `tls` is false (an `http://` upstream; `ca_pem_path` then names
+/// a file that does not exist).
+pub async fn serve<F, Fut>(bind: SocketAddr, tls: bool, received: Arc<Mutex<Vec<Received>>>, handler: F) -> Upstream
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Response<ChannelBody>, std::io::Error>> + Send + 'static,
+{
+    let dir = tempfile::tempdir().unwrap();
+    let ca = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let ca_pem_path = dir.path().join("upstream-ca.pem");
+    if tls {
+        std::fs::write(&ca_pem_path, ca.cert.pem()).unwrap();
+    }
+    let cert = rustls_pki_types::CertificateDer::from(ca.cert.der().to_vec());
+    let key = rustls_pki_types::PrivateKeyDer::try_from(ca.signing_key.serialize_der()).unwrap();
+    let mut server_tls =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], key)
+            .unwrap();
+    server_tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_tls));
+    let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            let handler = handler.clone();
+            if !tls {
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(handler);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+                continue;
+            }
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let svc = hyper::service::service_fn(handler);
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    Upstream {
+        addr,
+        ca_pem_path,
+        received,
+        _dir: dir,
+        task,
     }
 }
 
@@ -603,7 +641,8 @@ pub fn llmtap_command() -> Command {
 
 /// Config routing every fixture host to the replaying upstream.
 pub fn upstream_config(up: &Upstream, extra: &str) -> String {
-    let base = format!("https://127.0.0.1:{}", up.addr.port());
+    let tls = up.ca_pem_path.exists();
+    let base = format!("{}://127.0.0.1:{}", if tls { "https" } else { "http" }, up.addr.port());
     let ca = up.ca_pem_path.display();
     let mut s = String::new();
     for (name, prefix) in [
@@ -613,9 +652,10 @@ pub fn upstream_config(up: &Upstream, extra: &str) -> String {
         ("groq", "/openai"),
         ("openrouter", "/api"),
     ] {
-        s.push_str(&format!(
-            "[upstreams.{name}]\nurl = \"{base}{prefix}\"\nca_file = \"{ca}\"\n"
-        ));
+        s.push_str(&format!("[upstreams.{name}]\nurl = \"{base}{prefix}\"\n"));
+        if tls {
+            s.push_str(&format!("ca_file = \"{ca}\"\n"));
+        }
     }
     if !extra.contains("[api]") {
         s.push_str("[api]\nlisten = \"127.0.0.1:0\"\n");
@@ -927,4 +967,10 @@ pub async fn send_fixture(client: &Client, tap: &Llmtap, f: &Fixture, extra: &[(
     ];
     headers.extend_from_slice(extra);
     send(client, &f.method, &tap.url(&f.client_path), &headers, f.request.clone()).await
+}
+
+/// The stream text llmtap stored for trace `id` exactly as the upstream sent it (None for a non-streamed call).
+pub fn stored_raw_response(data_dir: &Path, id: &str) -> Option<String> {
+    let reader = llmtap::store::StoreReader::open(data_dir).unwrap();
+    reader.trace(id).unwrap().and_then(|t| t.raw_response)
 }
