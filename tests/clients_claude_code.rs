@@ -318,9 +318,8 @@ async fn claude_code_task_subagent_is_linked_to_the_step_that_started_it() {
     );
 }
 
-// needs sessions branch: the opentraces export references sub-agents (issue 15, item 7).
+// the opentraces export references sub-agents (issue 15, item 7).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the sessions branch"]
 async fn claude_code_task_subagent_is_referenced_in_opentraces() {
     let Some((_up, _dir, tap, main_id, sub_id)) = task_subagent_run().await else {
         return;
@@ -342,9 +341,8 @@ async fn claude_code_task_subagent_is_referenced_in_opentraces() {
     );
 }
 
-// needs sessions branch: on main the resumed run (same history, changed system prompt) starts a new trajectory.
+// on main the resumed run (same history, changed system prompt) starts a new trajectory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the sessions branch"]
 async fn claude_code_continue_resumes_the_conversation() {
     let Some((up, _dir, tap, bin)) = setup().await else {
         return;
@@ -392,7 +390,7 @@ async fn claude_code_continue_resumes_the_conversation() {
             .map(|(id, _)| id.clone())
             .collect::<Vec<_>>()
     };
-    // needs sessions branch: Claude Code's own session id (its session header or `metadata.user_id`) is the
+    // Claude Code's own session id (its session header or `metadata.user_id`) is the
     // session llmtap shows.
     let session = a["session_id"].as_str().unwrap();
     assert!(
@@ -407,7 +405,7 @@ async fn claude_code_continue_resumes_the_conversation() {
     );
     let (firsts, seconds) = (with("First question"), with("Second question"));
     assert_eq!(seconds.len(), 1, "{by_traj:#?}");
-    // needs sessions branch: a resumed conversation (same history, changed system prompt) continues its
+    // a resumed conversation (same history, changed system prompt) continues its
     // trajectory with a new user step.
     assert_eq!(firsts, seconds, "the resumed run continues the first run's trajectory");
     let steps = &by_traj[&seconds[0]];

@@ -112,10 +112,9 @@ async fn google_genai_function_calling_generate_and_stream() {
     }
 }
 
-// needs sessions branch: two separate runs that start alike are two trajectories (issue 15, item 2; Gemini has no
+// two separate runs that start alike are two trajectories (issue 15, item 2; Gemini has no
 // call ids to tell them apart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the sessions branch"]
 async fn google_genai_run_twice_is_two_trajectories_per_prompt() {
     let up = Scripted::start().await;
     let dir = tempfile::tempdir().unwrap();
