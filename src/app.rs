@@ -56,6 +56,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             store_tx.clone(),
             config.derive.clone(),
             config.capture.max_body_bytes,
+            config.prices.clone(),
             metrics.clone(),
             Some(live.clone()),
             pipeline_stop.clone(),

@@ -120,6 +120,7 @@ pub fn trace(api: Api, start: UnixMicros, end: UnixMicros) -> ProviderTrace {
         response_bytes: 0,
         model: None,
         usage: None,
+        cost: None,
         trajectory_id: None,
     }
 }

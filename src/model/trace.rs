@@ -4,6 +4,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::exchange::{Api, ExchangeMeta, Outcome, Timings, UnixMicros};
+use crate::model::cost::CostBreakdown;
 use crate::model::json::JsonText;
 use crate::model::usage::Usage;
 
@@ -32,8 +33,22 @@ pub struct ProviderTrace {
     pub response_bytes: u64,
     pub model: Option<String>,
     pub usage: Option<Usage>,
+    /// What the call cost, priced on the pipeline thread from `model`, `usage` and the start time; `None` when
+    /// unknown (no price for the model, no usage reported), never a zero.
+    pub cost: Option<CostBreakdown>,
     /// Set by derivation: the trajectory this call belongs to.
     pub trajectory_id: Option<String>,
+}
+
+/// `gen_ai.provider.name` for an upstream: the well-known values, else the upstream's own name (an
+/// OpenAI-compatible upstream such as `groq` or `openrouter`). Prices are looked up under this name too.
+pub fn provider_name(upstream: &str, api: Api) -> String {
+    match (upstream, api) {
+        (_, Api::AnthropicMessages) => "anthropic".into(),
+        (_, Api::GeminiGenerateContent) => "gcp.gemini".into(),
+        ("openai", _) => "openai".into(),
+        (other, _) => other.to_owned(),
+    }
 }
 
 /// What a live listener needs about a finished call, without its bodies or headers.
@@ -50,9 +65,16 @@ pub struct TraceHead {
     pub outcome: Outcome,
     pub timings: Timings,
     pub streamed: bool,
+    pub usage: Option<Usage>,
+    pub cost: Option<CostBreakdown>,
+    pub error: Option<String>,
 }
 
 impl ProviderTrace {
+    pub fn provider_name(&self) -> String {
+        provider_name(&self.upstream, self.api)
+    }
+
     pub fn head(&self) -> TraceHead {
         TraceHead {
             id: self.id.clone(),
@@ -66,6 +88,9 @@ impl ProviderTrace {
             outcome: self.outcome,
             timings: self.timings,
             streamed: self.streamed,
+            usage: self.usage,
+            cost: self.cost,
+            error: self.error.clone(),
         }
     }
 }
@@ -110,6 +135,8 @@ struct TraceExport<'a> {
     model: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<&'a Usage>,
+    /// Always present: null when the cost is unknown (never 0).
+    cost_usd: Option<&'a CostBreakdown>,
     #[serde(skip_serializing_if = "Option::is_none")]
     trajectory_id: Option<&'a str>,
     request: &'a JsonText,
@@ -142,6 +169,7 @@ impl ProviderTrace {
             timings,
             model: self.model.as_deref(),
             usage: self.usage.as_ref(),
+            cost_usd: self.cost.as_ref(),
             trajectory_id: self.trajectory_id.as_deref(),
             request: &self.request,
             response: &self.response,

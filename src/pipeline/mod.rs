@@ -1,4 +1,4 @@
-//! The pipeline thread: capture queue → process (decode, reassemble, normalize) → derive → store.
+//! The pipeline thread: capture queue → process (decode, reassemble, normalize) → price → derive → store.
 //!
 //! One OS thread, off the async workers. It owns the deriver's state, so derivation needs no locks. It works in
 //! passes: what the capture queue holds is processed back to back and handed to the store as one batch (one
@@ -6,6 +6,7 @@
 //! `CaptureTx` dropped, i.e. after the proxy drained), flushing the deriver's open trajectories first.
 
 pub mod live;
+pub mod pricing;
 pub mod process;
 pub mod secrets;
 
@@ -33,6 +34,7 @@ pub fn spawn(
     store: StoreTx,
     derive: DeriveConfig,
     body_cap: usize,
+    prices: crate::cost::CostTable,
     metrics: Arc<Metrics>,
     live: Option<live::LiveTx>,
     stop: tokio_util::sync::CancellationToken,
@@ -56,7 +58,8 @@ pub fn spawn(
                         let queued = std::iter::from_fn(|| rx.try_recv());
                         let mut records = Vec::new();
                         for exchange in std::iter::once(first).chain(queued).take(EXCHANGES_PER_PASS) {
-                            let processed = process::process(exchange, body_cap);
+                            let mut processed = process::process(exchange, body_cap);
+                            pricing::price(&prices, &mut processed.trace, processed.call.as_ref(), &metrics);
                             for e in &processed.errors {
                                 if let process::ProcessError::DecodedOverCap { .. } = e {
                                     metrics.capture_truncated.inc();

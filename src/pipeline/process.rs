@@ -192,6 +192,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         meta: ex.meta,
         model,
         usage: call.as_ref().and_then(|c| c.usage),
+        cost: None,
         trajectory_id: None,
     };
     Processed { trace, call, errors }

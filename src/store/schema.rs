@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 4;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -90,6 +90,31 @@ const V2: &str = r#"
 CREATE INDEX IF NOT EXISTS steps_trace ON steps(trace_id);
 "#;
 
+/// v4: each call's cost in US dollars, priced on the pipeline thread: the total and its five disjoint parts, as
+/// exact decimal text ("0.0012345"; SQLite's REAL would round). NULL = unknown (no price for the model, or no
+/// usage reported), never 0. Steps and trajectories carry theirs in their JSON bodies (`cost_usd`, and for a
+/// trajectory `unpriced_calls`), as they carry their token counts.
+const V4_TRACE_COLUMNS: [&str; 6] = [
+    "cost_usd",
+    "cost_input_usd",
+    "cost_cache_read_usd",
+    "cost_cache_write_usd",
+    "cost_output_usd",
+    "cost_reasoning_usd",
+];
+
+/// `ALTER TABLE ADD COLUMN` is not idempotent: a migration cut short after some columns were added (the version
+/// is written last) must not fail on the next start.
+fn add_column_if_missing(conn: &Connection, table: &str, column: &str, decl: &str) -> Result<(), StoreError> {
+    let exists: bool = conn
+        .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
+        .exists([column])?;
+    if !exists {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    Ok(())
+}
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -103,6 +128,11 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 2 {
         conn.execute_batch(V2)?;
+    }
+    if version < 4 {
+        for column in V4_TRACE_COLUMNS {
+            add_column_if_missing(conn, "traces", column, "TEXT")?;
+        }
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;

@@ -184,6 +184,10 @@ fn latency_to_store(calls: usize) {
         store_tx,
         DeriveConfig::default(),
         usize::MAX,
+        match llmtap::cost::CostTable::embedded() {
+            Ok(t) => t,
+            Err(_) => return,
+        },
         metrics.clone(),
         None,
         Default::default(),

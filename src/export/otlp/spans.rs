@@ -134,16 +134,6 @@ fn parse_traceparent(tp: &str) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((t, sp))
 }
 
-/// gen_ai.provider.name for an upstream: the well-known values, else the upstream's own name.
-fn provider_name(upstream: &str, api: crate::model::exchange::Api) -> String {
-    match (upstream, api) {
-        (_, crate::model::exchange::Api::AnthropicMessages) => "anthropic".into(),
-        (_, crate::model::exchange::Api::GeminiGenerateContent) => "gcp.gemini".into(),
-        ("openai", _) => "openai".into(),
-        (other, _) => other.to_owned(),
-    }
-}
-
 fn otel_messages(messages: &[Message]) -> Value {
     Value::Array(
         messages
@@ -241,7 +231,7 @@ impl<'a> SpanBuilder<'a> {
             .unwrap_or_default();
         let mut attrs = vec![
             s(sc::GEN_AI_OPERATION_NAME, sc::OP_CHAT),
-            s(sc::GEN_AI_PROVIDER_NAME, provider_name(&trace.upstream, trace.api)),
+            s(sc::GEN_AI_PROVIDER_NAME, trace.provider_name()),
             s(sc::GEN_AI_CONVERSATION_ID, traj.clone()),
             s(sc::LLMTAP_TRAJECTORY_ID, traj.clone()),
             s(sc::LLMTAP_PROVIDER_TRACE_ID, trace.id.clone()),
