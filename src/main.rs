@@ -114,8 +114,17 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 writeln!(
                     out,
-                    "{:<20} {:<14} {:<28} {:>5} {:>5} {:<16} {:>9} {:>9} {:>9} PARENT",
-                    "TRAJECTORY", "AGENT", "MODELS", "STEPS", "CALLS", "CALL TYPES", "IN TOK", "OUT TOK", "DURATION"
+                    "{:<20} {:<14} {:<28} {:>5} {:>5} {:<16} {:>9} {:>9} {:>12} {:>9} PARENT",
+                    "TRAJECTORY",
+                    "AGENT",
+                    "MODELS",
+                    "STEPS",
+                    "CALLS",
+                    "CALL TYPES",
+                    "IN TOK",
+                    "OUT TOK",
+                    "COST",
+                    "DURATION"
                 )?;
                 for r in rows {
                     let s = r.summary;
@@ -132,7 +141,7 @@ fn run(cli: Cli) -> Result<()> {
                     };
                     writeln!(
                         out,
-                        "{:<20} {:<14} {:<28} {:>5} {:>5} {:<16} {:>9} {:>9} {:>9} {}",
+                        "{:<20} {:<14} {:<28} {:>5} {:>5} {:<16} {:>9} {:>9} {:>12} {:>9} {}",
                         s.trajectory_id,
                         s.agent.as_deref().or(s.session_id.as_deref()).unwrap_or("-"),
                         s.models.join(","),
@@ -141,6 +150,7 @@ fn run(cli: Cli) -> Result<()> {
                         s.call_types.join(","),
                         s.input_tokens,
                         s.output_tokens,
+                        s.cost().display(),
                         dur,
                         parent
                     )?;
@@ -159,8 +169,8 @@ fn run(cli: Cli) -> Result<()> {
             if !json {
                 writeln!(
                     out,
-                    "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9} {:<28} {:<20}",
-                    "ID", "UPSTREAM", "API", "STATUS", "OUTCOME", "MS", "MODEL", "TRAJECTORY"
+                    "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9} {:<28} {:>10} {:<20}",
+                    "ID", "UPSTREAM", "API", "STATUS", "OUTCOME", "MS", "MODEL", "COST", "TRAJECTORY"
                 )?;
             }
             reader.for_each_trace(&filter(&select, limit)?, |t| {
@@ -173,7 +183,7 @@ fn run(cli: Cli) -> Result<()> {
                     v.to_string()
                 } else {
                     format!(
-                        "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9.1} {:<28} {:<20}",
+                        "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9.1} {:<28} {:>10} {:<20}",
                         t.id,
                         t.upstream,
                         t.api.as_str(),
@@ -181,6 +191,11 @@ fn run(cli: Cli) -> Result<()> {
                         t.outcome.as_str(),
                         (t.timings.end - t.timings.start) as f64 / 1000.0,
                         t.model.as_deref().unwrap_or("-"),
+                        match (&t.cost, &t.model) {
+                            (Some(c), _) => c.display_total(),
+                            (None, Some(_)) => "unknown".into(),
+                            (None, None) => "-".into(),
+                        },
                         t.trajectory_id.as_deref().unwrap_or("-")
                     )
                 };
