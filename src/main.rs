@@ -226,6 +226,36 @@ fn run(cli: Cli) -> Result<()> {
             };
             tracing::debug!(records = n, "Export written");
         }
+        Command::Tail {
+            config,
+            api,
+            session,
+            agent,
+        } => {
+            let config = load_config(config.as_ref())?.validate()?;
+            let addr = match api {
+                Some(a) => a,
+                None => config
+                    .api_listen
+                    .map(|a| a.to_string())
+                    .context("the config turns the API off ([api] listen = \"off\"); `llmtap tail` reads it")?,
+            };
+            let options = llmtap::cli::tail::TailOptions {
+                endpoint: format!("http://{addr}"),
+                token: config.api.token.as_ref().map(|t| t.expose().to_owned()),
+                session,
+                agent,
+                color: llmtap::cli::tail::want_color(),
+            };
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(async {
+                let mut out = std::io::stdout().lock();
+                tokio::select! {
+                    r = llmtap::cli::tail::run(&options, &mut out) => r,
+                    () = wait_for_signal() => Ok(()),
+                }
+            })?;
+        }
         Command::Status { addr } => {
             let text = fetch_metrics(&addr).with_context(|| format!("cannot reach llmtap at {addr}"))?;
             for line in text.lines().filter(|l| !l.starts_with('#')) {
