@@ -46,7 +46,7 @@ pub enum ConfigError {
     #[error("invalid config: `{key}`: {message}")]
     Invalid { key: String, message: String },
     #[error("invalid config: `cost.prices_file`: {0}")]
-    Prices(#[source] crate::cost::CostTableError),
+    Prices(crate::cost::CostTableError),
 }
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
