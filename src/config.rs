@@ -187,8 +187,21 @@ pub struct Config {
     /// Resource attributes for exports (service.name and OTEL_RESOURCE_ATTRIBUTES).
     pub resource: Vec<(String, String)>,
     pub server: ServerConfig,
-    /// The embedded price table with `[cost] prices_file`'s overrides, read and checked while validating.
-    pub prices: crate::cost::CostTable,
+    /// `[cost] prices_file`: price overrides, read by [`Config::price_table`].
+    pub prices_file: Option<PathBuf>,
+}
+
+impl Config {
+    /// The embedded price table with `[cost] prices_file`'s overrides. Built by the commands that price calls
+    /// (`serve`, and `check-config` to validate the file), not while validating: parsing the embedded table
+    /// would slow every `llmtap sessions` by a quarter of a second (debug build).
+    pub fn price_table(&self) -> Result<crate::cost::CostTable, ConfigError> {
+        match &self.prices_file {
+            Some(path) => crate::cost::CostTable::with_overrides(path),
+            None => crate::cost::CostTable::embedded(),
+        }
+        .map_err(ConfigError::Prices)
+    }
 }
 
 /// Limits on the listening side: a slow or idle client must not hold a connection (and its file descriptor and
@@ -594,11 +607,7 @@ impl RawConfig {
             api: api_config(&self.api)?,
             resource,
             server,
-            prices: match &self.cost.prices_file {
-                Some(path) => crate::cost::CostTable::with_overrides(path),
-                None => crate::cost::CostTable::embedded(),
-            }
-            .map_err(ConfigError::Prices)?,
+            prices_file: self.cost.prices_file,
         })
     }
 }

@@ -97,6 +97,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::CheckConfig { config } => {
             let c = load_config(config.as_ref())?.validate()?;
+            c.price_table()?;
             println!("ok: listen {} data_dir {}", c.listen, c.data_dir.display());
             for u in c.upstreams.values() {
                 println!("  /{}/ -> {} ({})", u.name, u.url, u.api.as_str());
