@@ -58,9 +58,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         let thread = crate::pipeline::spawn(
             rx,
             store_tx.clone(),
-            config.derive.clone(),
-            config.capture.max_body_bytes,
-            prices,
+            crate::pipeline::Settings {
+                derive: config.derive.clone(),
+                body_cap: config.capture.max_body_bytes,
+                prices,
+            },
             metrics.clone(),
             Some(live.clone()),
             pipeline_stop.clone(),

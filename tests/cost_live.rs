@@ -127,7 +127,10 @@ async fn each_call_and_session_shows_its_cost_and_an_unpriced_model_shows_unknow
     let by_session = |id: &str| listed.iter().find(|s| s.session_id == id).unwrap().clone();
     let s = by_session("s-openai");
     let cost = s.cost.expect("a known cost");
-    assert_eq!((cost.total.as_str(), cost.cache_read.as_str()), ("0.00030735", "0.0000768"));
+    assert_eq!(
+        (cost.total.as_str(), cost.cache_read.as_str()),
+        ("0.00030735", "0.0000768")
+    );
     assert_eq!(s.unpriced_calls, 0);
     let s = by_session("s-kimi");
     assert_eq!((s.cost, s.unpriced_calls), (None, 1));
@@ -162,7 +165,10 @@ async fn each_call_and_session_shows_its_cost_and_an_unpriced_model_shows_unknow
         metrics.contains("llmtap_cost_unknown_calls_total{model=\"moonshotai/kimi-k2\"} 1"),
         "{metrics}"
     );
-    assert!(!metrics.contains("llmtap_cost_usd_total{model=\"moonshotai/kimi-k2\"}"), "{metrics}");
+    assert!(
+        !metrics.contains("llmtap_cost_usd_total{model=\"moonshotai/kimi-k2\"}"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,11 +199,7 @@ async fn a_prices_file_overrides_the_embedded_price_and_a_bad_one_stops_startup(
     drop(tap);
 
     // A broken file is a startup error naming the file and the problem, for serve and check-config alike.
-    std::fs::write(
-        &prices,
-        "[[prices]]\nmodel = \"x\"\ninput_mtok = 1\noutput_mtok = -2\n",
-    )
-    .unwrap();
+    std::fs::write(&prices, "[[prices]]\nmodel = \"x\"\ninput_mtok = 1\noutput_mtok = -2\n").unwrap();
     let config = dir.path().join("bad.toml");
     std::fs::write(&config, upstream_config(&up, &cost_section)).unwrap();
     for args in [
@@ -295,8 +297,14 @@ async fn tail_in_a_terminal_shows_new_calls_with_cost_and_errors_in_red() {
 
     send_as(&tap, ANTHROPIC_CACHE, "s-tail").await;
     let shown = terminal.wait_for("the call", |t| t.contains("claude-sonnet-4-5-20250929"));
-    let line = shown.lines().find(|l| l.contains("claude-sonnet-4-5-20250929")).unwrap();
-    assert!(line.contains("s-tail"), "the session names the call when no agent does: {line}");
+    let line = shown
+        .lines()
+        .find(|l| l.contains("claude-sonnet-4-5-20250929"))
+        .unwrap();
+    assert!(
+        line.contains("s-tail"),
+        "the session names the call when no agent does: {line}"
+    );
     assert!(line.contains("in 1532 (cache read 1111, write 418) out 33"), "{line}");
     assert!(line.contains("$0.002405"), "{line}");
     assert!(!line.contains("\x1b[31m"), "a successful call is not red: {line:?}");

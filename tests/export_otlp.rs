@@ -685,9 +685,7 @@ async fn chat_spans_carry_the_calls_cost() {
     }
     let model = |s: &Span| attr(s, "gen_ai.response.model").unwrap_or_default();
     let spans = receiver
-        .wait_for(|s| {
-            s.iter().any(|s| model(s).starts_with("claude")) && s.iter().any(|s| model(s).contains("kimi"))
-        })
+        .wait_for(|s| s.iter().any(|s| model(s).starts_with("claude")) && s.iter().any(|s| model(s).contains("kimi")))
         .await;
     let chat = |m: &str| {
         spans
@@ -695,9 +693,12 @@ async fn chat_spans_carry_the_calls_cost() {
             .find(|s| attr(s, "gen_ai.operation.name").as_deref() == Some("chat") && model(s).contains(m))
             .unwrap_or_else(|| panic!("no chat span of {m}"))
     };
-    let double = |s: &Span, key: &str| match s.attributes.iter().find(|kv| kv.key == key).and_then(|kv| {
-        kv.value.as_ref().and_then(|v| v.value.clone())
-    }) {
+    let double = |s: &Span, key: &str| match s
+        .attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref().and_then(|v| v.value.clone()))
+    {
         Some(AV::DoubleValue(d)) => Some(d),
         None => None,
         other => panic!("{key} is not a double: {other:?}"),

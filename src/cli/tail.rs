@@ -240,7 +240,11 @@ impl Printer {
                 t.error.clone()
             };
             let what: String = one_line(&what);
-            format!("{} {}", self.paint(DIM, &time), self.paint(RED, &format!("{body}  ERROR {what}")))
+            format!(
+                "{} {}",
+                self.paint(DIM, &time),
+                self.paint(RED, &format!("{body}  ERROR {what}"))
+            )
         } else {
             format!("{} {}", self.paint(DIM, &time), self.paint(BOLD, &body))
         }
@@ -340,7 +344,10 @@ mod tests {
     fn a_call_line_shows_model_tokens_and_cost_and_only_errors_are_red() {
         let p = Printer::new(true);
         let ok = p.call_line(&call(""));
-        assert!(ok.contains("coder gpt-4o  in 1200 (cache read 1000) out 30  $0.001235  1.5s"), "{ok}");
+        assert!(
+            ok.contains("coder gpt-4o  in 1200 (cache read 1000) out 30  $0.001235  1.5s"),
+            "{ok}"
+        );
         assert!(!ok.contains(RED), "{ok}");
         let failed = p.call_line(&call("rate_limit_error: slow down"));
         assert!(failed.contains(&format!("{RED}coder gpt-4o")), "{failed}");

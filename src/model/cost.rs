@@ -142,8 +142,14 @@ mod tests {
     fn amounts_show_between_two_and_six_decimals() {
         assert_eq!(display_usd(Decimal::from_str("0.0123").unwrap_or_default()), "$0.0123");
         assert_eq!(display_usd(Decimal::from_str("1.5").unwrap_or_default()), "$1.50");
-        assert_eq!(display_usd(Decimal::from_str("0.000000075").unwrap_or_default()), "$0.00");
-        assert_eq!(display_usd(Decimal::from_str("0.0000015").unwrap_or_default()), "$0.000002");
+        assert_eq!(
+            display_usd(Decimal::from_str("0.000000075").unwrap_or_default()),
+            "$0.00"
+        );
+        assert_eq!(
+            display_usd(Decimal::from_str("0.0000015").unwrap_or_default()),
+            "$0.000002"
+        );
     }
 
     #[test]

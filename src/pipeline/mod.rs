@@ -29,12 +29,18 @@ const EXCHANGES_PER_PASS: usize = 64;
 /// While stopping: how long the queue must stay empty before the thread ends.
 const STOPPING_POLL: Duration = Duration::from_millis(20);
 
+/// What the pipeline thread works with besides its channels.
+pub struct Settings {
+    pub derive: DeriveConfig,
+    /// `capture.max_body_bytes`: the most a body may decode to.
+    pub body_cap: usize,
+    pub prices: crate::cost::CostTable,
+}
+
 pub fn spawn(
     mut rx: CaptureRx,
     store: StoreTx,
-    derive: DeriveConfig,
-    body_cap: usize,
-    prices: crate::cost::CostTable,
+    settings: Settings,
     metrics: Arc<Metrics>,
     live: Option<live::LiveTx>,
     stop: tokio_util::sync::CancellationToken,
@@ -43,6 +49,11 @@ pub fn spawn(
         .name("llmtap-pipeline".into())
         .spawn(move || {
             run_in_background();
+            let Settings {
+                derive,
+                body_cap,
+                prices,
+            } = settings;
             let mut deriver = Deriver::new(derive);
             let tick = Duration::from_secs(1);
             let mut last_sweep = std::time::Instant::now();

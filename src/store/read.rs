@@ -12,11 +12,11 @@ use super::codec::decompress;
 use crate::config::StoreConfig;
 use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings};
-use rust_decimal::Decimal;
 use crate::model::json::JsonText;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::telemetry::Metrics;
+use rust_decimal::Decimal;
 
 /// Which traces or steps to read. Empty filter = everything, oldest first.
 #[derive(Debug, Clone, Default)]
@@ -447,7 +447,11 @@ fn cost_from_row(row: &Row<'_>, first: usize) -> Result<Option<CostBreakdown>, S
     for (i, slot) in d.iter_mut().enumerate() {
         let text: Option<String> = row.get(first + i).map_err(|e| e.to_string())?;
         match text {
-            Some(t) => *slot = t.parse().map_err(|e| format!("cost column {}: {t:?}: {e}", first + i))?,
+            Some(t) => {
+                *slot = t
+                    .parse()
+                    .map_err(|e| format!("cost column {}: {t:?}: {e}", first + i))?
+            }
             None if i == 0 => return Ok(None),
             None => return Err(format!("cost column {} is NULL while the total is not", first + i)),
         }
