@@ -68,9 +68,11 @@ impl CostBreakdown {
     }
 }
 
-/// `$` and the amount rounded to 6 decimals, trailing zeros dropped down to 2 decimals.
+/// `$` and the amount rounded to 6 decimals (half away from zero, as people round), trailing zeros dropped down to 2 decimals.
 pub fn display_usd(amount: Decimal) -> String {
-    let mut d = amount.round_dp(6).normalize();
+    let mut d = amount
+        .round_dp_with_strategy(6, rust_decimal::RoundingStrategy::MidpointAwayFromZero)
+        .normalize();
     if d.scale() < 2 {
         d.rescale(2);
     }
