@@ -28,6 +28,14 @@ if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
   $as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light
 fi
+# tests/cost_live.rs runs `llmtap tail` on a pseudo-terminal through script(1) (util-linux; essential on Debian,
+# but not in every minimal image).
+if ! command -v script >/dev/null; then
+  as_root=""
+  if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then as_root="sudo"; fi
+  $as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bsdutils
+fi
 if ! ls .venv/lib/python3*/site-packages/rotel/rotel-agent >/dev/null 2>&1; then
   .venv/bin/pip install --quiet --disable-pip-version-check --pre rotel==0.0.1a15
 fi

@@ -25,6 +25,8 @@ pub enum AppError {
         source: std::io::Error,
     },
     #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
     Tls(#[from] crate::proxy::forward::TlsSetupError),
     #[error("cannot start a worker thread: {0}")]
     Thread(#[source] std::io::Error),
@@ -42,6 +44,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     {
         return Err(AppError::ApiWithoutToken { addr });
     }
+    // Before anything starts: a broken prices file is a startup error, not a capture without costs.
+    let prices = config.price_table()?;
     let metrics = Arc::new(Metrics::default());
     let conn = crate::store::open_for_writing(&config.data_dir)?;
     let (store_tx, store_thread) =
@@ -54,8 +58,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         let thread = crate::pipeline::spawn(
             rx,
             store_tx.clone(),
-            config.derive.clone(),
-            config.capture.max_body_bytes,
+            crate::pipeline::Settings {
+                derive: config.derive.clone(),
+                body_cap: config.capture.max_body_bytes,
+                prices,
+            },
             metrics.clone(),
             Some(live.clone()),
             pipeline_stop.clone(),

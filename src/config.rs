@@ -45,6 +45,8 @@ pub enum ConfigError {
     },
     #[error("invalid config: `{key}`: {message}")]
     Invalid { key: String, message: String },
+    #[error("invalid config: `cost.prices_file`: {0}")]
+    Prices(crate::cost::CostTableError),
 }
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -75,6 +77,15 @@ pub struct RawConfig {
     pub api: RawApi,
     #[serde(default)]
     pub server: RawServer,
+    #[serde(default)]
+    pub cost: RawCost,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCost {
+    /// TOML file of price overrides (private, fine-tuned or negotiated prices); see `crate::cost`.
+    pub prices_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -176,6 +187,21 @@ pub struct Config {
     /// Resource attributes for exports (service.name and OTEL_RESOURCE_ATTRIBUTES).
     pub resource: Vec<(String, String)>,
     pub server: ServerConfig,
+    /// `[cost] prices_file`: price overrides, read by [`Config::price_table`].
+    pub prices_file: Option<PathBuf>,
+}
+
+impl Config {
+    /// The embedded price table with `[cost] prices_file`'s overrides. Built by the commands that price calls
+    /// (`serve`, and `check-config` to validate the file), not while validating: parsing the embedded table
+    /// would slow every `llmtap sessions` by a quarter of a second (debug build).
+    pub fn price_table(&self) -> Result<crate::cost::CostTable, ConfigError> {
+        match &self.prices_file {
+            Some(path) => crate::cost::CostTable::with_overrides(path),
+            None => crate::cost::CostTable::embedded(),
+        }
+        .map_err(ConfigError::Prices)
+    }
 }
 
 /// Limits on the listening side: a slow or idle client must not hold a connection (and its file descriptor and
@@ -581,6 +607,7 @@ impl RawConfig {
             api: api_config(&self.api)?,
             resource,
             server,
+            prices_file: self.cost.prices_file,
         })
     }
 }

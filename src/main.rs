@@ -97,6 +97,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::CheckConfig { config } => {
             let c = load_config(config.as_ref())?.validate()?;
+            c.price_table()?;
             println!("ok: listen {} data_dir {}", c.listen, c.data_dir.display());
             for u in c.upstreams.values() {
                 println!("  /{}/ -> {} ({})", u.name, u.url, u.api.as_str());
@@ -133,8 +134,8 @@ fn run(cli: Cli) -> Result<()> {
             if !json {
                 writeln!(
                     out,
-                    "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9} {:<28} {:<20}",
-                    "ID", "UPSTREAM", "API", "STATUS", "OUTCOME", "MS", "MODEL", "TRAJECTORY"
+                    "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9} {:<28} {:>10} {:<20}",
+                    "ID", "UPSTREAM", "API", "STATUS", "OUTCOME", "MS", "MODEL", "COST", "TRAJECTORY"
                 )?;
             }
             reader.for_each_trace(&filter(&select, limit)?, |t| {
@@ -147,7 +148,7 @@ fn run(cli: Cli) -> Result<()> {
                     v.to_string()
                 } else {
                     format!(
-                        "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9.1} {:<28} {:<20}",
+                        "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9.1} {:<28} {:>10} {:<20}",
                         t.id,
                         t.upstream,
                         t.api.as_str(),
@@ -155,6 +156,11 @@ fn run(cli: Cli) -> Result<()> {
                         t.outcome.as_str(),
                         (t.timings.end - t.timings.start) as f64 / 1000.0,
                         t.model.as_deref().unwrap_or("-"),
+                        match (&t.cost, &t.model) {
+                            (Some(c), _) => c.display_total(),
+                            (None, Some(_)) => "unknown".into(),
+                            (None, None) => "-".into(),
+                        },
                         t.trajectory_id.as_deref().unwrap_or("-")
                     )
                 };
@@ -184,6 +190,36 @@ fn run(cli: Cli) -> Result<()> {
                 }
             };
             tracing::debug!(records = n, "Export written");
+        }
+        Command::Tail {
+            config,
+            api,
+            session,
+            agent,
+        } => {
+            let config = load_config(config.as_ref())?.validate()?;
+            let addr = match api {
+                Some(a) => a,
+                None => config
+                    .api_listen
+                    .map(|a| a.to_string())
+                    .context("the config turns the API off ([api] listen = \"off\"); `llmtap tail` reads it")?,
+            };
+            let options = llmtap::cli::tail::TailOptions {
+                endpoint: format!("http://{addr}"),
+                token: config.api.token.as_ref().map(|t| t.expose().to_owned()),
+                session,
+                agent,
+                color: llmtap::cli::tail::want_color(),
+            };
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(async {
+                let mut out = std::io::stdout().lock();
+                tokio::select! {
+                    r = llmtap::cli::tail::run(&options, &mut out) => r,
+                    () = wait_for_signal() => Ok(()),
+                }
+            })?;
         }
         Command::Status { addr } => {
             let text = fetch_metrics(&addr).with_context(|| format!("cannot reach llmtap at {addr}"))?;

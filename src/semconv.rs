@@ -14,6 +14,9 @@ pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
 pub const GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
 pub const GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: &str = "gen_ai.usage.cache_creation.input_tokens";
 pub const GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: &str = "gen_ai.usage.reasoning.output_tokens";
+/// Not an OpenTelemetry GenAI convention (v1.41 defines no cost attribute): the name OpenLIT emits and Langfuse
+/// reads as a generation's cost in USD, so those back ends show llmtap's cost without mapping (docs/exports.md).
+pub const GEN_AI_USAGE_COST: &str = "gen_ai.usage.cost";
 pub const GEN_AI_CONVERSATION_ID: &str = "gen_ai.conversation.id";
 pub const GEN_AI_AGENT_NAME: &str = "gen_ai.agent.name";
 pub const GEN_AI_TOOL_NAME: &str = "gen_ai.tool.name";
@@ -40,6 +43,11 @@ pub const LLMTAP_STEP_INDEX: &str = "llmtap.step_index";
 pub const LLMTAP_PREFIX_REUSE_TOKENS: &str = "llmtap.prefix_reuse_tokens";
 pub const LLMTAP_PREFIX_REUSE_ESTIMATED: &str = "llmtap.prefix_reuse_estimated";
 pub const LLMTAP_TRAJECTORY_ID: &str = "llmtap.trajectory_id";
+/// Prefix of the cost's five parts in USD: `llmtap.cost.input_usd`, `.cache_read_usd`, `.cache_write_usd`,
+/// `.output_usd`, `.reasoning_usd`.
+pub const LLMTAP_COST_PREFIX: &str = "llmtap.cost.";
+/// Agent spans: the trajectory's calls without a known cost.
+pub const LLMTAP_COST_UNPRICED_CALLS: &str = "llmtap.cost.unpriced_calls";
 pub const LLMTAP_PROVIDER_TRACE_ID: &str = "llmtap.provider_trace_id";
 pub const LLMTAP_SESSION_ID: &str = "llmtap.session_id";
 /// OpenTelemetry general semantic conventions (session): the agent run a span belongs to.

@@ -172,6 +172,8 @@ pub struct Metrics {
     pub api_errors: Counter,
     /// Per-sink lag, pause state and last error; `llmtap_export_lag` is the slowest sink's lag.
     pub sinks: SinkRegistry,
+    /// Dollars spent and calls without a known cost, by model.
+    pub costs: CostByModel,
     logged_drop: Once,
     logged_process_error: Once,
     /// Store write failures come in episodes (a full disk): see [`Metrics::store_error`].
@@ -391,7 +393,72 @@ impl Metrics {
             }
         }
         self.sinks.render_state(&mut out);
+        self.costs.render(&mut out);
         out
+    }
+}
+
+/// `llmtap_cost_usd_total{model}` and `llmtap_cost_unknown_calls_total{model}`: what the priced calls cost and
+/// how many calls had no known cost, per model as the response named it. Sums are exact decimals (rendered in
+/// full), not floats that drift as millions of tiny amounts are added.
+#[derive(Debug, Default)]
+pub struct CostByModel(std::sync::Mutex<std::collections::BTreeMap<String, ModelCost>>);
+
+#[derive(Debug, Default, Clone, Copy)]
+struct ModelCost {
+    usd: rust_decimal::Decimal,
+    priced: u64,
+    unknown: u64,
+}
+
+/// Distinct model labels kept; further models are counted under `model="other"` so a misbehaving upstream
+/// naming a new model per response cannot grow `/metrics` without bound.
+const MAX_COST_MODELS: usize = 256;
+
+impl CostByModel {
+    /// One priced call (`usd` its total) or, with `None`, one call whose cost is unknown.
+    pub fn record(&self, model: &str, usd: Option<rust_decimal::Decimal>) {
+        let Ok(mut all) = self.0.lock() else { return };
+        let key = if all.contains_key(model) || all.len() < MAX_COST_MODELS {
+            model
+        } else {
+            "other"
+        };
+        let entry = all.entry(key.to_owned()).or_default();
+        match usd.and_then(|d| entry.usd.checked_add(d)) {
+            Some(sum) => {
+                entry.usd = sum;
+                entry.priced += 1;
+            }
+            None => entry.unknown += 1,
+        }
+    }
+
+    fn render(&self, out: &mut String) {
+        let all = match self.0.lock() {
+            Ok(all) => all.clone(),
+            Err(_) => return,
+        };
+        out.push_str(
+            "# HELP llmtap_cost_usd_total US dollars spent on calls with a known cost, by model (prices: genai-prices data embedded at build time, or [cost] prices_file).\n# TYPE llmtap_cost_usd_total counter\n",
+        );
+        for (model, c) in all.iter().filter(|(_, c)| c.priced > 0) {
+            out.push_str(&format!(
+                "llmtap_cost_usd_total{{model=\"{}\"}} {}\n",
+                label(model),
+                c.usd.normalize()
+            ));
+        }
+        out.push_str(
+            "# HELP llmtap_cost_unknown_calls_total LLM calls whose cost is unknown (no price for the model, or no usage reported), by model.\n# TYPE llmtap_cost_unknown_calls_total counter\n",
+        );
+        for (model, c) in all.iter().filter(|(_, c)| c.unknown > 0) {
+            out.push_str(&format!(
+                "llmtap_cost_unknown_calls_total{{model=\"{}\"}} {}\n",
+                label(model),
+                c.unknown
+            ));
+        }
     }
 }
 

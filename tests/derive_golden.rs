@@ -18,6 +18,9 @@ const T0: i64 = 1_700_000_000_000_000;
 /// The last version of every step (in order of first emission) and of every trajectory summary.
 fn derive_session(calls: &[Fixture]) -> Value {
     let mut d = Deriver::new(llmtap::config::DeriveConfig::default());
+    // Priced as the pipeline prices them, so the files show each step's and trajectory's cost for review.
+    let prices = llmtap::cost::CostTable::embedded().unwrap();
+    let metrics = llmtap::telemetry::Metrics::default();
     let mut steps: Vec<(String, Value)> = Vec::new();
     let mut trajectories: Vec<(String, Value)> = Vec::new();
     // Exchange ids carry random bits: number them in call order instead.
@@ -45,7 +48,8 @@ fn derive_session(calls: &[Fixture]) -> Value {
     };
     for (i, f) in calls.iter().enumerate() {
         let ex = f.raw_exchange(T0 + i as i64 * 1_000_000, 200_000, 500_000);
-        let p = llmtap::pipeline::process::process(ex, usize::MAX);
+        let mut p = llmtap::pipeline::process::process(ex, usize::MAX);
+        llmtap::pipeline::pricing::price(&prices, &mut p.trace, p.call.as_ref(), &metrics);
         keep(d.observe(p.trace, p.call), &mut trace_ids);
     }
     keep(d.close_all(), &mut trace_ids);

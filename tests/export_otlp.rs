@@ -730,3 +730,53 @@ async fn spans_from_stored_facts_equal_spans_read_from_the_bodies() {
         .await;
     assert_eq!(chat_spans(from_bodies), from_facts);
 }
+
+/// A chat span carries its call's cost: `gen_ai.usage.cost` (the total, USD) and `llmtap.cost.<part>_usd`; a call
+/// without a known cost carries none (never 0). Anthropic prompt-cache call: input 3, cache write 418, cache
+/// read 1111, output 33 at claude-sonnet-4-5's $3 / $3.75 / $0.30 / $15 per Mtok.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_spans_carry_the_calls_cost() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let receiver = Receiver::new(Mode::Accept);
+    let (addr, _server) = serve_grpc(receiver.clone(), any_port()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&otlp_config(&up, &format!("http://{addr}"), "grpc", ""), dir.path());
+    let client = client();
+    for name in [
+        "anthropic_messages/pydantic-ai__prompt_cache/01",
+        "openai_chat/simonw-llm__tools_streaming/00",
+    ] {
+        let f = fixture(name);
+        assert_eq!(send_fixture(&client, &tap, &f, &[]).await.status, f.status, "{name}");
+    }
+    let model = |s: &Span| attr(s, "gen_ai.response.model").unwrap_or_default();
+    let spans = receiver
+        .wait_for(|s| s.iter().any(|s| model(s).starts_with("claude")) && s.iter().any(|s| model(s).contains("kimi")))
+        .await;
+    let chat = |m: &str| {
+        spans
+            .iter()
+            .find(|s| attr(s, "gen_ai.operation.name").as_deref() == Some("chat") && model(s).contains(m))
+            .unwrap_or_else(|| panic!("no chat span of {m}"))
+    };
+    let double = |s: &Span, key: &str| match s
+        .attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref().and_then(|v| v.value.clone()))
+    {
+        Some(AV::DoubleValue(d)) => Some(d),
+        None => None,
+        other => panic!("{key} is not a double: {other:?}"),
+    };
+    let claude = chat("claude");
+    assert_eq!(double(claude, "gen_ai.usage.cost"), Some(0.0024048));
+    assert_eq!(double(claude, "llmtap.cost.input_usd"), Some(0.000009));
+    assert_eq!(double(claude, "llmtap.cost.cache_write_usd"), Some(0.0015675));
+    assert_eq!(double(claude, "llmtap.cost.cache_read_usd"), Some(0.0003333));
+    assert_eq!(double(claude, "llmtap.cost.output_usd"), Some(0.000495));
+    assert_eq!(double(claude, "llmtap.cost.reasoning_usd"), Some(0.0));
+    let kimi = chat("kimi");
+    assert!(attr(kimi, "gen_ai.usage.input_tokens").is_some(), "the call has usage");
+    assert_eq!(double(kimi, "gen_ai.usage.cost"), None, "unknown cost: no attribute");
+}

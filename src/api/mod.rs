@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status};
 use self::streams::{FedStream, Feed, FeedError, StreamLimit};
 
 use crate::export::formats::LocalharnessStream;
+use crate::model::cost::CostBreakdown;
 use crate::model::format::ExportFormat;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::TraceHead;
@@ -34,7 +35,20 @@ pub mod pb {
 
 pub use crate::pipeline::live::{LiveEvent, LiveTx, live_channel};
 
+/// A cost as the API sends it: exact decimal strings.
+pub fn cost_message(c: &CostBreakdown) -> pb::Cost {
+    pb::Cost {
+        total: c.total.to_string(),
+        input: c.input.to_string(),
+        cache_read: c.cache_read.to_string(),
+        cache_write: c.cache_write.to_string(),
+        output: c.output.to_string(),
+        reasoning: c.reasoning.to_string(),
+    }
+}
+
 pub fn trace_summary(t: &TraceHead) -> pb::TraceSummary {
+    let usage = t.usage.unwrap_or_default();
     pb::TraceSummary {
         id: t.id.clone(),
         trajectory_id: t.trajectory_id.clone().unwrap_or_default(),
@@ -47,6 +61,13 @@ pub fn trace_summary(t: &TraceHead) -> pb::TraceSummary {
         outcome: t.outcome.as_str().to_owned(),
         duration_ms: (t.timings.end - t.timings.start) as f64 / 1000.0,
         streamed: t.streamed,
+        cost: t.cost.as_ref().map(cost_message),
+        input_tokens: usage.input,
+        output_tokens: usage.output,
+        cache_read_tokens: usage.cache_read.unwrap_or(0),
+        cache_write_tokens: usage.cache_write.unwrap_or(0),
+        reasoning_tokens: usage.reasoning.unwrap_or(0),
+        error: t.error.clone().unwrap_or_default(),
     }
 }
 
@@ -71,6 +92,7 @@ pub fn step_message(s: &Step) -> pb::Step {
         status: s.status.clone(),
         json: serde_json::to_string(s).unwrap_or_default(),
         purpose: s.purpose.map(|p| p.as_str().to_owned()).unwrap_or_default(),
+        cost: s.cost_usd.as_ref().map(cost_message),
     }
 }
 
@@ -91,6 +113,10 @@ fn session_message(t: TrajectorySummary) -> pb::Session {
         closed: t.closed,
         purpose: t.purpose.map(|p| p.as_str().to_owned()).unwrap_or_default(),
         continues: t.continues.unwrap_or_default(),
+        cost: t.cost_usd.as_ref().map(cost_message),
+        unpriced_calls: t.unpriced_calls,
+        cache_read_tokens: t.cache_read_tokens,
+        cache_write_tokens: t.cache_write_tokens,
     }
 }
 

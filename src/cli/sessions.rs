@@ -17,6 +17,10 @@ pub struct SessionView {
     pub llm_calls: u32,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// The sum of the calls' known costs (JSON: `cost_usd`, null when no call's
+    /// cost was known; each trajectory says how many calls had none).
+    #[serde(serialize_with = "cost_fields", rename = "cost_usd")]
+    pub cost: crate::model::cost::CostSum,
     pub trajectories: Vec<TrajectorySummary>,
 }
 
@@ -49,11 +53,21 @@ pub fn group(rows: Vec<TrajectorySummary>) -> Vec<SessionView> {
                 llm_calls: trajectories.iter().map(|t| t.llm_calls).sum(),
                 input_tokens: trajectories.iter().map(|t| t.input_tokens).sum(),
                 output_tokens: trajectories.iter().map(|t| t.output_tokens).sum(),
+                cost: trajectories
+                    .iter()
+                    .fold(Default::default(), |mut sum: crate::model::cost::CostSum, t| {
+                        sum.merge(&t.cost());
+                        sum
+                    }),
                 session_id: id,
                 trajectories,
             })
         })
         .collect()
+}
+
+fn cost_fields<S: serde::Serializer>(cost: &crate::model::cost::CostSum, s: S) -> Result<S::Ok, S::Error> {
+    cost.usd.serialize(s)
 }
 
 /// The trajectory a trajectory hangs under in the tree: its parent, else the one it continues.
@@ -80,13 +94,13 @@ fn duration(t: &TrajectorySummary) -> String {
 pub fn write_table(out: &mut impl Write, sessions: &[SessionView], all: bool) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<40} {:<14} {:<28} {:>5} {:>5} {:<12} {:>9} {:>9} {:>9}",
-        "SESSION / TRAJECTORY", "AGENT", "MODELS", "STEPS", "CALLS", "PURPOSE", "IN TOK", "OUT TOK", "DURATION"
+        "{:<40} {:<14} {:<28} {:>5} {:>5} {:<12} {:>9} {:>9} {:>12} {:>9}",
+        "SESSION / TRAJECTORY", "AGENT", "MODELS", "STEPS", "CALLS", "PURPOSE", "IN TOK", "OUT TOK", "COST", "DURATION"
     )?;
     for s in sessions {
         writeln!(
             out,
-            "{:<40} {:<14} {:<28} {:>5} {:>5} {:<12} {:>9} {:>9}",
+            "{:<40} {:<14} {:<28} {:>5} {:>5} {:<12} {:>9} {:>9} {:>12}",
             format!("session {}", s.session_id),
             "",
             "",
@@ -94,7 +108,8 @@ pub fn write_table(out: &mut impl Write, sessions: &[SessionView], all: bool) ->
             s.llm_calls,
             "",
             s.input_tokens,
-            s.output_tokens
+            s.output_tokens,
+            s.cost.display()
         )?;
         let ids: Vec<&str> = s.trajectories.iter().map(|t| t.trajectory_id.as_str()).collect();
         let shown = |t: &TrajectorySummary| all || !is_auxiliary(t);
@@ -133,7 +148,7 @@ fn write_subtree(
     let name = format!("{}{}{link}", "  ".repeat(depth), t.trajectory_id);
     writeln!(
         out,
-        "{:<40} {:<14} {:<28} {:>5} {:>5} {:<12} {:>9} {:>9} {:>9}",
+        "{:<40} {:<14} {:<28} {:>5} {:>5} {:<12} {:>9} {:>9} {:>12} {:>9}",
         name,
         t.agent.as_deref().unwrap_or("-"),
         t.models.join(","),
@@ -142,6 +157,7 @@ fn write_subtree(
         t.purpose.map_or("-", |p| p.as_str()),
         t.input_tokens,
         t.output_tokens,
+        t.cost().display(),
         duration(t)
     )?;
     for child in s

@@ -9,8 +9,9 @@
 //!   token of that kind pays the tier's price, not just the tokens above the threshold.
 
 use rust_decimal::Decimal;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
+pub use crate::model::cost::CostBreakdown;
 use crate::model::usage::Usage;
 
 /// A price per million tokens, flat or tiered by prompt size.
@@ -76,37 +77,6 @@ impl ModelPrices {
         .into_iter()
         .flatten()
         .all(Price::is_valid)
-    }
-}
-
-/// A call's cost in US dollars, by kind of token. The five parts are disjoint and add up to `total` exactly.
-///
-/// Amounts are `rust_decimal::Decimal` dollars: prices are decimal numbers (e.g. $0.075 per million tokens), so a
-/// single token can cost 0.000000075 USD; integer micro-dollars would round that away and per-part rounding would
-/// stop the parts from adding up. A decimal with 28 significant digits holds every such product exactly.
-/// Serialized as strings ("0.0012345") so JSON consumers do not round them through a float either.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct CostBreakdown {
-    /// Prompt tokens that were neither read from nor written to a cache.
-    #[serde(with = "rust_decimal::serde::str")]
-    pub input: Decimal,
-    #[serde(with = "rust_decimal::serde::str")]
-    pub cache_read: Decimal,
-    #[serde(with = "rust_decimal::serde::str")]
-    pub cache_write: Decimal,
-    /// Generated tokens other than reasoning.
-    #[serde(with = "rust_decimal::serde::str")]
-    pub output: Decimal,
-    #[serde(with = "rust_decimal::serde::str")]
-    pub reasoning: Decimal,
-    #[serde(with = "rust_decimal::serde::str")]
-    pub total: Decimal,
-}
-
-impl CostBreakdown {
-    /// The total as a float, for metrics and OTLP attributes (which carry doubles). Lossy; keep `total` for sums.
-    pub fn total_f64(&self) -> f64 {
-        rust_decimal::prelude::ToPrimitive::to_f64(&self.total).unwrap_or(f64::NAN)
     }
 }
 

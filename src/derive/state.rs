@@ -136,6 +136,11 @@ impl Trajectory {
         s.input_tokens += usage.input;
         s.output_tokens += usage.output;
         s.cache_read_tokens += usage.cache_read.unwrap_or(0);
+        s.cache_write_tokens += usage.cache_write.unwrap_or(0);
+        let mut cost = s.cost();
+        cost.add_call(fact.trace.cost.as_ref());
+        s.cost_usd = cost.usd;
+        s.unpriced_calls = cost.unpriced_calls;
         s.ended_at = rfc3339(end);
         s.steps = self.indexes.len() as u32;
         s.models = self.models.iter().cloned().collect();

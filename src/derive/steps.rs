@@ -108,6 +108,7 @@ impl StepBase<'_> {
             error: None,
             timings: None,
             reasoning_tokens: None,
+            cost_usd: None,
         }
     }
 
@@ -137,6 +138,7 @@ impl StepBase<'_> {
         step.token_usage = token_usage(call, reuse);
         step.reasoning_tokens = call.usage.and_then(|u| u.reasoning);
         step.provider_trace_id = Some(trace.id.clone());
+        step.cost_usd = trace.cost;
         step.provider = Some(trace.upstream.clone());
         step.response_id = call.response_id.clone();
         step.finish_reason = call.finish_reason.map(|f| f.as_str().to_owned());

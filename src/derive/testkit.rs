@@ -121,6 +121,7 @@ pub fn trace(api: Api, start: UnixMicros, end: UnixMicros) -> ProviderTrace {
         model: None,
         usage: None,
         facts: None,
+        cost: None,
         trajectory_id: None,
         session_id: None,
     }

@@ -1,6 +1,7 @@
 //! The canonical model shared by adapters, derivation, the store and the exporters.
 
 pub mod call;
+pub mod cost;
 pub mod exchange;
 pub mod format;
 pub mod json;

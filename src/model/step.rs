@@ -187,9 +187,20 @@ pub struct Step {
     pub timings: Option<StepTimings>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_tokens: Option<u64>,
+    /// Agent steps: the cost of the step's call (see `ProviderTrace::cost`); absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<crate::model::cost::CostBreakdown>,
 }
 
 impl TrajectorySummary {
+    /// The cost of the trajectory's calls as a sum (see [`crate::model::cost::CostSum`]).
+    pub fn cost(&self) -> crate::model::cost::CostSum {
+        crate::model::cost::CostSum {
+            usd: self.cost_usd,
+            unpriced_calls: self.unpriced_calls,
+        }
+    }
+
     /// A copy without `system_prompts` and `tool_definitions` (an update that leaves them as they are).
     pub fn without_heavy_parts(&self) -> TrajectorySummary {
         TrajectorySummary {
@@ -204,6 +215,9 @@ impl TrajectorySummary {
             input_tokens: self.input_tokens,
             output_tokens: self.output_tokens,
             cache_read_tokens: self.cache_read_tokens,
+            cache_write_tokens: self.cache_write_tokens,
+            cost_usd: self.cost_usd,
+            unpriced_calls: self.unpriced_calls,
             started_at: self.started_at.clone(),
             ended_at: self.ended_at.clone(),
             parent_trajectory_id: self.parent_trajectory_id.clone(),
@@ -235,6 +249,14 @@ pub struct TrajectorySummary {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// The sum of the trajectory's calls' costs (null when no call had a known cost) and how many calls had
+    /// none (then the sum is a lower bound).
+    #[serde(default)]
+    pub cost_usd: Option<crate::model::cost::CostBreakdown>,
+    #[serde(default)]
+    pub unpriced_calls: u32,
     pub started_at: String,
     pub ended_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

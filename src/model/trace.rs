@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 use super::call::{CallError, FinishReason, NormalizedCall};
 use super::exchange::{Api, ExchangeMeta, Outcome, Timings, UnixMicros};
+use crate::model::cost::CostBreakdown;
 use crate::model::json::JsonText;
 use crate::model::usage::Usage;
 
@@ -36,6 +37,9 @@ pub struct ProviderTrace {
     /// What the provider adapter read from the call, kept so that exports need not read the bodies again
     /// (None: not a call an adapter reads, or a store written before facts were kept).
     pub facts: Option<CallFacts>,
+    /// What the call cost, priced on the pipeline thread from `model`, `usage` and the start time; `None` when
+    /// unknown (no price for the model, no usage reported), never a zero.
+    pub cost: Option<CostBreakdown>,
     /// Set by derivation: the trajectory this call belongs to.
     pub trajectory_id: Option<String>,
     /// Set by derivation: the session of that trajectory (native or derived, see `derive::session`).
@@ -86,6 +90,9 @@ pub struct TraceHead {
     pub outcome: Outcome,
     pub timings: Timings,
     pub streamed: bool,
+    pub usage: Option<Usage>,
+    pub cost: Option<CostBreakdown>,
+    pub error: Option<String>,
 }
 
 impl ProviderTrace {
@@ -102,6 +109,9 @@ impl ProviderTrace {
             outcome: self.outcome,
             timings: self.timings,
             streamed: self.streamed,
+            usage: self.usage,
+            cost: self.cost,
+            error: self.error.clone(),
         }
     }
 }
@@ -146,6 +156,8 @@ struct TraceExport<'a> {
     model: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<&'a Usage>,
+    /// Always present: null when the cost is unknown (never 0).
+    cost_usd: Option<&'a CostBreakdown>,
     #[serde(skip_serializing_if = "Option::is_none")]
     trajectory_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -180,6 +192,7 @@ impl ProviderTrace {
             timings,
             model: self.model.as_deref(),
             usage: self.usage.as_ref(),
+            cost_usd: self.cost.as_ref(),
             trajectory_id: self.trajectory_id.as_deref(),
             session_id: self.session_id.as_deref(),
             request: &self.request,

@@ -1,4 +1,4 @@
-//! The pipeline thread: capture queue → process (decode, reassemble, normalize) → derive → store.
+//! The pipeline thread: capture queue → process (decode, reassemble, normalize) → price → derive → store.
 //!
 //! One OS thread, off the async workers. It owns the deriver's state, so derivation needs no locks. It works in
 //! passes: what the capture queue holds is processed back to back and handed to the store as one batch (one
@@ -6,6 +6,7 @@
 //! `CaptureTx` dropped, i.e. after the proxy drained), flushing the deriver's open trajectories first.
 
 pub mod live;
+pub mod pricing;
 pub mod process;
 pub mod secrets;
 
@@ -28,11 +29,18 @@ const EXCHANGES_PER_PASS: usize = 64;
 /// While stopping: how long the queue must stay empty before the thread ends.
 const STOPPING_POLL: Duration = Duration::from_millis(20);
 
+/// What the pipeline thread works with besides its channels.
+pub struct Settings {
+    pub derive: DeriveConfig,
+    /// `capture.max_body_bytes`: the most a body may decode to.
+    pub body_cap: usize,
+    pub prices: crate::cost::CostTable,
+}
+
 pub fn spawn(
     mut rx: CaptureRx,
     store: StoreTx,
-    derive: DeriveConfig,
-    body_cap: usize,
+    settings: Settings,
     metrics: Arc<Metrics>,
     live: Option<live::LiveTx>,
     stop: tokio_util::sync::CancellationToken,
@@ -41,6 +49,11 @@ pub fn spawn(
         .name("llmtap-pipeline".into())
         .spawn(move || {
             run_in_background();
+            let Settings {
+                derive,
+                body_cap,
+                prices,
+            } = settings;
             let mut deriver = Deriver::new(derive);
             let tick = Duration::from_secs(1);
             let mut last_sweep = std::time::Instant::now();
@@ -56,7 +69,8 @@ pub fn spawn(
                         let queued = std::iter::from_fn(|| rx.try_recv());
                         let mut records = Vec::new();
                         for exchange in std::iter::once(first).chain(queued).take(EXCHANGES_PER_PASS) {
-                            let processed = process::process(exchange, body_cap);
+                            let mut processed = process::process(exchange, body_cap);
+                            pricing::price(&prices, &mut processed.trace, processed.call.as_ref(), &metrics);
                             for e in &processed.errors {
                                 if let process::ProcessError::DecodedOverCap { .. } = e {
                                     metrics.capture_truncated.inc();

@@ -193,6 +193,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         model,
         usage: call.as_ref().and_then(|c| c.usage),
         facts: call.as_ref().map(CallFacts::of),
+        cost: None,
         trajectory_id: None,
         session_id: None,
     };

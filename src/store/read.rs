@@ -10,12 +10,14 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params_from_iter, 
 use super::StoreError;
 use super::codec::decompress;
 use crate::config::StoreConfig;
+use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings};
 use crate::model::json::JsonText;
 use crate::model::record::{ExportEntry, ExportKind, ExportSeq};
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::telemetry::Metrics;
+use rust_decimal::Decimal;
 
 /// Which traces or steps to read. Empty filter = everything, oldest first.
 #[derive(Debug, Clone, Default)]
@@ -413,20 +415,22 @@ impl StepKey {
 }
 
 /// `TRACE_SELECT`'s column holding the row's seq (the paged reader's resume key, after `trace_from_row`'s).
-const TRACE_SEQ_COLUMN: usize = 24;
+const TRACE_SEQ_COLUMN: usize = 30;
 
 /// The columns `trace_from_row` reads, in its order, then `t.seq`.
 const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
     t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
-    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.facts, t.seq,
+    t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.facts, t.cost_usd,
+    t.cost_input_usd, t.cost_cache_read_usd, t.cost_cache_write_usd, t.cost_output_usd, t.cost_reasoning_usd, t.seq,
     t.session_id
     FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id";
 
 /// `TRACE_SELECT` without the bodies (read as NULL).
 const TRACE_SELECT_WITHOUT_BODIES: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status,
     t.outcome, t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes,
-    t.response_bytes, t.usage, t.request_headers, t.response_headers, t.metadata, NULL, NULL, NULL, t.facts, t.seq,
-    t.session_id
+    t.response_bytes, t.usage, t.request_headers, t.response_headers, t.metadata, NULL, NULL, NULL, t.facts,
+    t.cost_usd, t.cost_input_usd, t.cost_cache_read_usd, t.cost_cache_write_usd, t.cost_output_usd,
+    t.cost_reasoning_usd, t.seq, t.session_id
     FROM traces t";
 
 fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
@@ -442,6 +446,7 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         .transpose()?;
     let meta: String = row.get(19)?;
     let meta: ExchangeMeta = serde_json::from_str(&meta).map_err(|e| corrupt(e.to_string()))?;
+    let cost = cost_from_row(row, 24).map_err(corrupt)?;
     Ok(ProviderTrace {
         trajectory_id: row.get(1)?,
         upstream: row.get(2)?,
@@ -461,6 +466,7 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         request_bytes: row.get::<_, i64>(14)? as u64,
         response_bytes: row.get::<_, i64>(15)? as u64,
         usage: usage.and_then(|u| serde_json::from_str(&u).ok()),
+        cost,
         request_headers: headers(row.get(17)?)?,
         response_headers: headers(row.get(18)?)?,
         meta,
@@ -468,9 +474,36 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         response: JsonText::from_stored(decompress(row.get(21)?)),
         raw_response: decompress(row.get(22)?),
         facts,
-        session_id: row.get(25)?,
+        session_id: row.get(31)?,
         id,
     })
+}
+
+/// A call's cost from six columns starting at `first` (total, then the parts in `CostBreakdown`'s order); `None`
+/// when the total is NULL (unknown, or a row stored before costs were kept).
+fn cost_from_row(row: &Row<'_>, first: usize) -> Result<Option<CostBreakdown>, String> {
+    let mut d = [Decimal::ZERO; 6];
+    for (i, slot) in d.iter_mut().enumerate() {
+        let text: Option<String> = row.get(first + i).map_err(|e| e.to_string())?;
+        match text {
+            Some(t) => {
+                *slot = t
+                    .parse()
+                    .map_err(|e| format!("cost column {}: {t:?}: {e}", first + i))?
+            }
+            None if i == 0 => return Ok(None),
+            None => return Err(format!("cost column {} is NULL while the total is not", first + i)),
+        }
+    }
+    let [total, input, cache_read, cache_write, output, reasoning] = d;
+    Ok(Some(CostBreakdown {
+        input,
+        cache_read,
+        cache_write,
+        output,
+        reasoning,
+        total,
+    }))
 }
 
 /// Delete traces (with their bodies, steps and emptied trajectories) beyond the configured age or count. Counts

@@ -96,11 +96,33 @@ CREATE INDEX IF NOT EXISTS trajectories_session ON trajectories(session_id);
 CREATE INDEX IF NOT EXISTS steps_session ON steps(session_id);
 "#;
 
-/// v6: what the adapter read from each call (`model::trace::CallFacts`, JSON), so that span export reads no
-/// bodies. Rows written before have NULL and are read from their bodies again.
-const V6: &str = r#"
-ALTER TABLE traces ADD COLUMN facts TEXT;
-"#;
+/// v4: each call's cost in US dollars, priced on the pipeline thread: the total and its five disjoint parts, as
+/// exact decimal text ("0.0012345"; SQLite's REAL would round). NULL = unknown (no price for the model, or no
+/// usage reported), never 0. Steps and trajectories carry theirs in their JSON bodies (`cost_usd`, and for a
+/// trajectory `unpriced_calls`), as they carry their token counts.
+const V4_TRACE_COLUMNS: [&str; 6] = [
+    "cost_usd",
+    "cost_input_usd",
+    "cost_cache_read_usd",
+    "cost_cache_write_usd",
+    "cost_output_usd",
+    "cost_reasoning_usd",
+];
+
+/// `ALTER TABLE ADD COLUMN` is not idempotent: a migration cut short after some columns were added (the version
+/// is written last) must not fail on the next start.
+fn add_column_if_missing(conn: &Connection, table: &str, column: &str, decl: &str) -> Result<(), StoreError> {
+    let exists: bool = conn
+        .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
+        .exists([column])?;
+    if !exists {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    Ok(())
+}
+
+// v6: `traces.facts`, what the adapter read from each call (`model::trace::CallFacts`, JSON), so that span
+// export reads no bodies. Rows written before have NULL and are read from their bodies again.
 
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
@@ -119,8 +141,13 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     if version < 3 {
         conn.execute_batch(V3)?;
     }
+    if version < 4 {
+        for column in V4_TRACE_COLUMNS {
+            add_column_if_missing(conn, "traces", column, "TEXT")?;
+        }
+    }
     if version < 6 {
-        conn.execute_batch(V6)?;
+        add_column_if_missing(conn, "traces", "facts", "TEXT")?;
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;

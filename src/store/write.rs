@@ -16,6 +16,7 @@ use rusqlite::{Connection, params};
 use super::codec::compress;
 use super::{Record, StoreError};
 use crate::config::StoreConfig;
+use crate::model::cost::CostBreakdown;
 use crate::model::json::JsonText;
 use crate::model::record::ExportKind;
 use crate::model::step::{Step, TrajectorySummary};
@@ -171,10 +172,14 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
     let response_headers = json("response headers", &t.response_headers)?;
     let metadata = json("trace metadata", &t.meta)?;
     let facts = t.facts.as_ref().map(|f| json("call facts", f)).transpose()?;
+    // Exact decimal text; NULL when the cost is unknown.
+    let cost = |part: fn(&CostBreakdown) -> rust_decimal::Decimal| t.cost.as_ref().map(|c| part(c).to_string());
     tx.prepare_cached("INSERT OR REPLACE INTO traces (id, trajectory_id, session_id, agent, upstream, api, method, path, status, outcome,
             error, streamed, model, started_us, first_byte_us, ended_us, request_bytes, response_bytes, usage,
-            request_headers, response_headers, metadata, facts)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)")?.execute(params![
+            request_headers, response_headers, metadata, facts, cost_usd, cost_input_usd, cost_cache_read_usd,
+            cost_cache_write_usd, cost_output_usd, cost_reasoning_usd)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22,
+            ?23, ?24, ?25, ?26, ?27, ?28, ?29)")?.execute(params![
             t.id,
             t.trajectory_id,
             t.session_id.as_ref().or(t.meta.session.as_ref()),
@@ -198,6 +203,12 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
             response_headers,
             metadata,
             facts,
+            cost(|c| c.total),
+            cost(|c| c.input),
+            cost(|c| c.cache_read),
+            cost(|c| c.cache_write),
+            cost(|c| c.output),
+            cost(|c| c.reasoning),
         ],
     )?;
     let body = |v: &JsonText| (!v.is_null()).then(|| compress(v.as_str()));

@@ -182,8 +182,14 @@ fn latency_to_store(calls: usize) {
     let Ok(pipeline) = llmtap::pipeline::spawn(
         rx,
         store_tx,
-        DeriveConfig::default(),
-        usize::MAX,
+        llmtap::pipeline::Settings {
+            derive: DeriveConfig::default(),
+            body_cap: usize::MAX,
+            prices: match llmtap::cost::CostTable::embedded() {
+                Ok(t) => t,
+                Err(_) => return,
+            },
+        },
         metrics.clone(),
         None,
         Default::default(),

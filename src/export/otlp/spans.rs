@@ -135,6 +135,15 @@ fn parse_traceparent(tp: &str) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((t, sp))
 }
 
+/// `gen_ai.usage.cost` (the total) and `llmtap.cost.<part>_usd`, as doubles (attributes have no decimal type).
+fn cost_attributes(attrs: &mut Vec<KeyValue>, cost: &crate::model::cost::CostBreakdown) {
+    attrs.push(f(sc::GEN_AI_USAGE_COST, cost.total_f64()));
+    for (part, usd) in cost.parts() {
+        let usd = rust_decimal::prelude::ToPrimitive::to_f64(&usd).unwrap_or(f64::NAN);
+        attrs.push(f(&format!("{}{part}_usd", sc::LLMTAP_COST_PREFIX), usd));
+    }
+}
+
 fn otel_messages(messages: &[Message]) -> Value {
     Value::Array(
         messages
@@ -287,6 +296,9 @@ impl<'a> SpanBuilder<'a> {
             if let Some(v) = u.reasoning {
                 attrs.push(i(sc::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, v));
             }
+        }
+        if let Some(cost) = &trace.cost {
+            cost_attributes(&mut attrs, cost);
         }
         if let Some(c) = &facts {
             if let Some(m) = &c.model_response {
@@ -455,6 +467,11 @@ impl<'a> SpanBuilder<'a> {
             i(sc::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, t.cache_read_tokens),
             strings(sc::LLMTAP_CALL_TYPE, &t.call_types),
         ];
+        // A sum with unpriced calls is only a lower bound: the cost attributes carry a known cost or nothing.
+        match (&t.cost_usd, t.unpriced_calls) {
+            (Some(cost), 0) => cost_attributes(&mut attrs, cost),
+            (_, n) => attrs.push(i(sc::LLMTAP_COST_UNPRICED_CALLS, u64::from(n))),
+        }
         if let Some(p) = &t.parent_trajectory_id {
             attrs.push(s(sc::LLMTAP_PARENT_TRAJECTORY_ID, p.clone()));
         }

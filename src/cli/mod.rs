@@ -1,6 +1,7 @@
 //! Command line. Pipeline shape lives in the config file; runtime-only knobs are flags.
 
 pub mod sessions;
+pub mod tail;
 
 use std::path::PathBuf;
 
@@ -92,6 +93,24 @@ pub enum Command {
         /// Output file (default: stdout).
         #[arg(long, short = 'o')]
         out: Option<PathBuf>,
+    },
+    /// Follow a running llmtap: calls and steps as they complete (model, tokens, cost, tool calls and results).
+    ///
+    /// Reads the gRPC live feed of the llmtap that runs with the same config ([api] listen, default
+    /// 127.0.0.1:8788; token from [api] or LLMTAP_API_TOKEN). Reconnects when llmtap restarts.
+    Tail {
+        /// Config file (TOML) of the running llmtap: where its API listens and its token.
+        #[arg(long, short = 'c', env = "LLMTAP_CONFIG")]
+        config: Option<PathBuf>,
+        /// The API's HOST:PORT, instead of the config's [api] listen.
+        #[arg(long)]
+        api: Option<String>,
+        /// Only calls of this session id (x-llmtap-session) or trajectory id.
+        #[arg(long)]
+        session: Option<String>,
+        /// Only calls of this agent (x-llmtap-agent).
+        #[arg(long)]
+        agent: Option<String>,
     },
     /// Print a running llmtap's counters (from its /metrics endpoint).
     Status {

@@ -1,0 +1,31 @@
+//! Pricing a processed call: its cost from the model that answered, its usage and its start time, on the
+//! pipeline thread (never on the data path), before derivation sums it into the step and trajectory.
+
+use crate::cost::CostTable;
+use crate::model::call::NormalizedCall;
+use crate::model::trace::ProviderTrace;
+use crate::telemetry::Metrics;
+
+/// Set `trace.cost` and count it in `/metrics`. Exchanges that are not LLM calls (no normalized call: a model
+/// list, an unknown endpoint) are neither priced nor counted. A call without usage or without a price keeps
+/// `cost: None` (unknown), counted as such.
+pub fn price(table: &CostTable, trace: &mut ProviderTrace, call: Option<&NormalizedCall>, metrics: &Metrics) {
+    if call.is_none() {
+        return;
+    }
+    let model = trace.model.as_deref().unwrap_or("");
+    trace.cost = match (&trace.usage, model.is_empty()) {
+        (Some(usage), false) => table
+            .cost(
+                crate::provider::otel_provider_name(trace.api, &trace.upstream),
+                model,
+                trace.timings.start,
+                usage,
+            )
+            .ok()
+            .map(|c| c.usd),
+        _ => None,
+    };
+    let label = if model.is_empty() { "unknown" } else { model };
+    metrics.costs.record(label, trace.cost.map(|c| c.total));
+}
