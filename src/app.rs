@@ -33,6 +33,11 @@ pub enum AppError {
          can reach it. Set [api] token or token_file (or LLMTAP_API_TOKEN), or listen on a loopback address"
     )]
     ApiWithoutToken { addr: SocketAddr },
+    #[error(
+        "refusing to serve the viewer on {addr} without a token: it shows every captured prompt to whoever can \
+         reach it. Set [api] token or token_file (or LLMTAP_API_TOKEN), or listen on a loopback address"
+    )]
+    ViewerWithoutToken { addr: SocketAddr },
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
@@ -41,6 +46,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         && config.api.token.is_none()
     {
         return Err(AppError::ApiWithoutToken { addr });
+    }
+    if let Some(addr) = config.viewer_listen
+        && !addr.ip().is_loopback()
+        && config.api.token.is_none()
+    {
+        return Err(AppError::ViewerWithoutToken { addr });
     }
     let metrics = Arc::new(Metrics::default());
     let conn = crate::store::open_for_writing(&config.data_dir)?;
@@ -78,12 +89,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     // Machine-readable first line on stdout: tests and scripts read the bound port from it.
     println!("llmtap listening on http://{local}");
     let api_stop = CancellationToken::new();
+    let mut listeners = crate::api::server::Listeners { grpc: None, viewer: None };
     if let Some(addr) = config.api_listen {
         let api_listener = std::net::TcpListener::bind(addr).map_err(|source| AppError::Listen { addr, source })?;
         let api_addr = api_listener.local_addr().unwrap_or(addr);
         println!("llmtap api on http://{api_addr}");
-        // Its own thread and runtime: no API client can take the proxy's workers or blocking pool.
-        crate::api::server::spawn(api_listener, &config, live.clone(), metrics.clone(), api_stop.clone())
+        listeners.grpc = Some(api_listener);
+    }
+    if let Some(addr) = config.viewer_listen {
+        // The viewer is for people, not for the agent: a port already taken is logged and llmtap runs without it.
+        match std::net::TcpListener::bind(addr) {
+            Ok(l) => {
+                println!("llmtap viewer on http://{}/", l.local_addr().unwrap_or(addr));
+                listeners.viewer = Some(l);
+            }
+            Err(error) => tracing::error!(%addr, %error, "Cannot listen for the viewer; running without it"),
+        }
+    }
+    if listeners.grpc.is_some() || listeners.viewer.is_some() {
+        // Its own thread and runtime: no API or viewer client can take the proxy's workers or blocking pool.
+        crate::api::server::spawn(listeners, &config, live.clone(), metrics.clone(), api_stop.clone())
             .map_err(AppError::Thread)?;
     }
     tracing::info!(listen = %local, data_dir = %config.data_dir.display(), upstreams = config.upstreams.len(), "Started");

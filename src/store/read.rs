@@ -55,7 +55,7 @@ pub struct SessionRow {
 }
 
 pub struct StoreReader {
-    conn: Connection,
+    pub(super) conn: Connection,
 }
 
 impl StoreReader {
@@ -347,7 +347,7 @@ impl StoreReader {
 }
 
 /// A trajectory summary from (trajectory_id, body, system_prompts, tool_definitions).
-fn summary_from_row(row: &Row<'_>) -> Result<TrajectorySummary, StoreError> {
+pub(super) fn summary_from_row(row: &Row<'_>) -> Result<TrajectorySummary, StoreError> {
     let id: String = row.get(0)?;
     let body: String = row.get(1)?;
     let prompts: Option<String> = row.get(2)?;
@@ -392,12 +392,12 @@ impl StepKey {
 const TRACE_SEQ_COLUMN: usize = 23;
 
 /// The columns `trace_from_row` reads, in its order, then `t.seq`.
-const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
+pub(super) const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
     t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
     t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.seq
     FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id";
 
-fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
+pub(super) fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
     let id: String = row.get(0)?;
     let corrupt = |what: String| StoreError::Corrupt { id: id.clone(), what };
     let headers = |s: String| -> Result<Vec<(String, String)>, StoreError> {

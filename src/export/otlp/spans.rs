@@ -135,7 +135,7 @@ fn parse_traceparent(tp: &str) -> Option<(Vec<u8>, Vec<u8>)> {
 }
 
 /// gen_ai.provider.name for an upstream: the well-known values, else the upstream's own name.
-fn provider_name(upstream: &str, api: crate::model::exchange::Api) -> String {
+pub fn provider_name(upstream: &str, api: crate::model::exchange::Api) -> String {
     match (upstream, api) {
         (_, crate::model::exchange::Api::AnthropicMessages) => "anthropic".into(),
         (_, crate::model::exchange::Api::GeminiGenerateContent) => "gcp.gemini".into(),
