@@ -89,7 +89,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     // Machine-readable first line on stdout: tests and scripts read the bound port from it.
     println!("llmtap listening on http://{local}");
     let api_stop = CancellationToken::new();
-    let mut listeners = crate::api::server::Listeners { grpc: None, viewer: None };
+    let mut listeners = crate::api::server::Listeners {
+        grpc: None,
+        viewer: None,
+    };
     if let Some(addr) = config.api_listen {
         let api_listener = std::net::TcpListener::bind(addr).map_err(|source| AppError::Listen { addr, source })?;
         let api_addr = api_listener.local_addr().unwrap_or(addr);

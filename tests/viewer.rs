@@ -171,7 +171,10 @@ async fn json_api_lists_sessions_with_totals_and_serves_steps_calls_and_exports(
     assert_eq!(call["previous_call"], anthropic[anthropic.len() - 2]["id"]);
     assert!(call["request"]["history"].as_u64().unwrap() > 0);
     let headers = call["request_headers"].to_string().to_ascii_lowercase();
-    assert!(!headers.contains("x-api-key") && !headers.contains("authorization"), "{headers}");
+    assert!(
+        !headers.contains("x-api-key") && !headers.contains("authorization"),
+        "{headers}"
+    );
     let curl = call["curl"].as_str().unwrap();
     assert!(curl.contains("x-api-key: $ANTHROPIC_API_KEY"), "{curl}");
     let cost: rust_decimal::Decimal = call["cost"]["total"].as_str().unwrap().parse().unwrap();
@@ -196,7 +199,10 @@ async fn json_api_lists_sessions_with_totals_and_serves_steps_calls_and_exports(
     // Page and API responses carry the strict policy; a foreign Host name is refused (DNS rebinding).
     let index = send(&client, "GET", &format!("{base}/"), &[], Vec::new()).await;
     let csp = index.headers["content-security-policy"].to_str().unwrap();
-    assert!(csp.contains("default-src 'none'") && csp.contains("script-src 'self'"), "{csp}");
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
     let rebound = send(
         &client,
         "GET",
@@ -228,20 +234,38 @@ async fn viewer_beyond_loopback_requires_the_token() {
     // With a token: refused without it, accepted as ?token= (which sets a cookie) and as a bearer header.
     let up = Upstream::start(ReplayOptions::default()).await;
     let tap = Llmtap::start(
-        &upstream_config(&up, "[api]\nlisten = \"off\"\ntoken = \"s3cret-viewer\"\n[viewer]\nlisten = \"127.0.0.1:0\"\n"),
+        &upstream_config(
+            &up,
+            "[api]\nlisten = \"off\"\ntoken = \"s3cret-viewer\"\n[viewer]\nlisten = \"127.0.0.1:0\"\n",
+        ),
         dir.path(),
     );
     let base = format!("http://{}", tap.viewer_addr.unwrap());
     let client = client();
-    assert_eq!(send(&client, "GET", &format!("{base}/api/sessions"), &[], vec![]).await.status, 401);
+    assert_eq!(
+        send(&client, "GET", &format!("{base}/api/sessions"), &[], vec![])
+            .await
+            .status,
+        401
+    );
     let wrong = send(&client, "GET", &format!("{base}/?token=nope"), &[], vec![]).await;
     assert_eq!(wrong.status, 401);
     let ok = send(&client, "GET", &format!("{base}/?token=s3cret-viewer"), &[], vec![]).await;
     assert_eq!(ok.status, 200);
     let cookie = ok.headers["set-cookie"].to_str().unwrap();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
     let pair = cookie.split(';').next().unwrap();
-    let by_cookie = send(&client, "GET", &format!("{base}/api/sessions"), &[("cookie", pair)], vec![]).await;
+    let by_cookie = send(
+        &client,
+        "GET",
+        &format!("{base}/api/sessions"),
+        &[("cookie", pair)],
+        vec![],
+    )
+    .await;
     assert_eq!(by_cookie.status, 200);
     let bearer = send(
         &client,
@@ -325,7 +349,10 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
 
     // The call page: the cost the price table gives for its usage, to the digits shown.
     let shown = report["call"]["cost"].as_str().unwrap();
-    let value: f64 = shown.trim_start_matches('$').parse().unwrap_or_else(|_| panic!("cost {shown:?}"));
+    let value: f64 = shown
+        .trim_start_matches('$')
+        .parse()
+        .unwrap_or_else(|_| panic!("cost {shown:?}"));
     let digits = shown.split('.').nth(1).map_or(0, str::len) as i32;
     let want: f64 = expected_cost(call).to_string().parse().unwrap();
     assert!(
@@ -337,5 +364,8 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
     // The live call appeared in the open list, without a reload.
     let live = &report["live"];
     assert_eq!(live["marker"], "same page");
-    assert_eq!(live["after"].as_array().unwrap().len(), live["before"].as_u64().unwrap() as usize + 1);
+    assert_eq!(
+        live["after"].as_array().unwrap().len(),
+        live["before"].as_u64().unwrap() as usize + 1
+    );
 }

@@ -71,7 +71,10 @@ impl StoreReader {
             params.push(SqlValue::Integer(t));
         }
         if let Some(text) = q.text.as_deref().filter(|t| !t.is_empty()) {
-            let like = format!("%{}%", text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+            let like = format!(
+                "%{}%",
+                text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
+            );
             // Searching step bodies scans the trajectory's steps (by index), only for rows the other filters kept.
             cond.push(
                 "(body LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM steps s WHERE s.trajectory_id = \

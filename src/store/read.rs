@@ -392,7 +392,8 @@ impl StepKey {
 const TRACE_SEQ_COLUMN: usize = 23;
 
 /// The columns `trace_from_row` reads, in its order, then `t.seq`.
-pub(super) const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
+pub(super) const TRACE_SELECT: &str =
+    "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
     t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
     t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.seq
     FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id";

@@ -703,7 +703,9 @@ impl Llmtap {
         let want_viewer = config.contains("[viewer]") && !config.contains("[viewer]\nlisten = \"off\"");
         let (mut api_addr, mut viewer_addr) = (None, None);
         for _ in 0..(want_api as usize + want_viewer as usize) {
-            let Ok(l) = rx.recv_timeout(Duration::from_secs(5)) else { break };
+            let Ok(l) = rx.recv_timeout(Duration::from_secs(5)) else {
+                break;
+            };
             let l = l.trim();
             if let Some(a) = l.strip_prefix("llmtap api on http://") {
                 api_addr = a.parse().ok();

@@ -51,9 +51,7 @@ pub fn list_sessions(reader: &StoreReader, ctx: &Context, query: &SessionQuery) 
         }));
     }
     let next = match roots.last() {
-        Some((started, last)) if roots.len() as u32 >= query.limit => {
-            Some(format!("{started}:{}", last.trajectory_id))
-        }
+        Some((started, last)) if roots.len() as u32 >= query.limit => Some(format!("{started}:{}", last.trajectory_id)),
         _ => None,
     };
     Ok(json!({ "sessions": rows, "next": next }))
@@ -126,7 +124,9 @@ pub fn steps(
     limit: u32,
 ) -> Result<Value, StoreError> {
     let page = reader.steps_page(trajectory, after, limit)?;
-    let next = (page.len() as u32 >= limit).then(|| page.last().map(|s| s.step_index)).flatten();
+    let next = (page.len() as u32 >= limit)
+        .then(|| page.last().map(|s| s.step_index))
+        .flatten();
     let mut steps = Vec::with_capacity(page.len());
     for s in &page {
         let head = match &s.provider_trace_id {
@@ -274,19 +274,31 @@ fn is_secret_header(ctx: &Context, name: &str) -> bool {
 /// A curl command repeating the request against the provider. The key is a shell variable placeholder; only
 /// content headers are copied.
 fn curl(ctx: &Context, trace: &ProviderTrace) -> String {
-    let base = ctx.upstreams.get(&trace.upstream).map_or("https://PROVIDER", String::as_str);
+    let base = ctx
+        .upstreams
+        .get(&trace.upstream)
+        .map_or("https://PROVIDER", String::as_str);
     let url = format!("{}{}", base.trim_end_matches('/'), trace.path);
-    let env = format!("{}_API_KEY", trace.upstream.to_ascii_uppercase().replace(['-', '.'], "_"));
+    let env = format!(
+        "{}_API_KEY",
+        trace.upstream.to_ascii_uppercase().replace(['-', '.'], "_")
+    );
     let key_header = match trace.api {
         Api::AnthropicMessages => format!("x-api-key: ${env}"),
         Api::GeminiGenerateContent => format!("x-goog-api-key: ${env}"),
         _ => format!("authorization: Bearer ${env}"),
     };
-    let mut cmd = format!("curl -sS -X {} '{}' \\\n  -H \"{key_header}\"", trace.method, url.replace('\'', "%27"));
+    let mut cmd = format!(
+        "curl -sS -X {} '{}' \\\n  -H \"{key_header}\"",
+        trace.method,
+        url.replace('\'', "%27")
+    );
     for (k, v) in &trace.request_headers {
         let lower = k.to_ascii_lowercase();
-        if matches!(lower.as_str(), "content-type" | "anthropic-version" | "anthropic-beta" | "accept")
-            && !is_secret_header(ctx, &lower)
+        if matches!(
+            lower.as_str(),
+            "content-type" | "anthropic-version" | "anthropic-beta" | "accept"
+        ) && !is_secret_header(ctx, &lower)
         {
             cmd.push_str(&format!(" \\\n  -H '{}: {}'", lower, v.replace('\'', "'\\''")));
         }
@@ -304,7 +316,7 @@ fn curl(ctx: &Context, trace: &ProviderTrace) -> String {
 fn export_links(session: &str) -> Value {
     let formats: Vec<Value> = <crate::model::format::ExportFormat as clap::ValueEnum>::value_variants()
         .iter()
-        .filter_map(|f| clap::ValueEnum::to_possible_value(f))
+        .filter_map(clap::ValueEnum::to_possible_value)
         .map(|p| {
             let name = p.get_name().to_owned();
             json!({ "format": name, "url": format!("api/export/{name}?session={}", urlencode(session)) })

@@ -122,7 +122,7 @@ impl Viewer {
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let mut resp = match self.authorize(&req) {
-            Err(resp) => resp,
+            Err((status, message)) => text(status, message),
             Ok(cookie) => {
                 let mut resp = self.route(&req).await;
                 if let Some(c) = cookie {
@@ -144,8 +144,8 @@ impl Viewer {
         resp
     }
 
-    /// Ok(Some(cookie)) when a `?token=` was accepted and should become a cookie.
-    fn authorize(&self, req: &Request<Incoming>) -> Result<Option<String>, Response<Body>> {
+    /// Ok(Some(cookie)) when a `?token=` was accepted and should become a cookie; Err: the refusal.
+    fn authorize(&self, req: &Request<Incoming>) -> Result<Option<String>, (StatusCode, &'static str)> {
         let Some(expected) = &self.token else {
             // No token: loopback only. Refuse other Host names (DNS rebinding).
             let host = req
@@ -157,7 +157,10 @@ impl Viewer {
             return if is_loopback_host(host) {
                 Ok(None)
             } else {
-                Err(text(StatusCode::FORBIDDEN, "llmtap viewer: only loopback host names are served"))
+                Err((
+                    StatusCode::FORBIDDEN,
+                    "llmtap viewer: only loopback host names are served",
+                ))
             };
         };
         let bearer = req
@@ -190,7 +193,7 @@ impl Viewer {
             return Ok(Some(format!("{COOKIE}={t}; HttpOnly; SameSite=Strict; Path=/")));
         }
         self.metrics.api_unauthenticated.inc();
-        Err(text(
+        Err((
             StatusCode::UNAUTHORIZED,
             "llmtap viewer: open it once as /?token=<[api] token> (or send Authorization: Bearer <token>)",
         ))
@@ -209,7 +212,8 @@ impl Viewer {
             ["assets", "app.css"] => asset("text/css; charset=utf-8", APP_CSS),
             ["api", "sessions"] => {
                 let query = session_query(&q);
-                self.read(move |r, ctx| data::list_sessions(r, ctx, &query).map(Some)).await
+                self.read(move |r, ctx| data::list_sessions(r, ctx, &query).map(Some))
+                    .await
             }
             ["api", "sessions", id] => {
                 let id = decode(id);
@@ -235,9 +239,7 @@ impl Viewer {
     /// Run a store read on the blocking pool; None → 404.
     async fn read(
         &self,
-        f: impl FnOnce(&StoreReader, &data::Context) -> Result<Option<Value>, crate::store::StoreError>
-        + Send
-        + 'static,
+        f: impl FnOnce(&StoreReader, &data::Context) -> Result<Option<Value>, crate::store::StoreError> + Send + 'static,
     ) -> Response<Body> {
         let dir = self.data_dir.clone();
         let ctx = self.ctx.clone();
@@ -282,7 +284,10 @@ impl Viewer {
             ..TraceFilter::default()
         };
         tokio::task::spawn_blocking(move || {
-            let mut out = ChannelWriter { tx: tx.clone(), buf: Vec::new() };
+            let mut out = ChannelWriter {
+                tx: tx.clone(),
+                buf: Vec::new(),
+            };
             let result = StoreReader::open(&dir)
                 .map_err(crate::export::ExportError::from)
                 .and_then(|reader| crate::export::write_jsonl(&reader, fmt, &filter, &mut out));
@@ -389,8 +394,7 @@ fn is_loopback_host(host: &str) -> bool {
         Some(rest) => rest.split(']').next().unwrap_or(""),
         None => host.rsplit_once(':').map_or(host, |(h, _)| h),
     };
-    name.eq_ignore_ascii_case("localhost")
-        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 fn query_params(query: Option<&str>) -> BTreeMap<String, String> {
