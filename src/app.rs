@@ -87,7 +87,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         })?;
     let local = listener.local_addr().unwrap_or(config.listen);
     // Machine-readable first line on stdout: tests and scripts read the bound port from it.
-    println!("llmtap listening on http://{local}");
+    announce(&format!("llmtap listening on http://{local}"));
     let api_stop = CancellationToken::new();
     let mut listeners = crate::api::server::Listeners {
         grpc: None,
@@ -96,14 +96,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     if let Some(addr) = config.api_listen {
         let api_listener = std::net::TcpListener::bind(addr).map_err(|source| AppError::Listen { addr, source })?;
         let api_addr = api_listener.local_addr().unwrap_or(addr);
-        println!("llmtap api on http://{api_addr}");
+        announce(&format!("llmtap api on http://{api_addr}"));
         listeners.grpc = Some(api_listener);
     }
     if let Some(addr) = config.viewer_listen {
         // The viewer is for people, not for the agent: a port already taken is logged and llmtap runs without it.
         match std::net::TcpListener::bind(addr) {
             Ok(l) => {
-                println!("llmtap viewer on http://{}/", l.local_addr().unwrap_or(addr));
+                announce(&format!("llmtap viewer on http://{}/", l.local_addr().unwrap_or(addr)));
                 listeners.viewer = Some(l);
             }
             Err(error) => tracing::error!(%addr, %error, "Cannot listen for the viewer; running without it"),
@@ -163,6 +163,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         "Stopped"
     );
     Ok(())
+}
+
+/// An address line on stdout. A caller that read what it needed and closed the pipe is not an error (println!
+/// would panic on the broken pipe and take the proxy down with it).
+fn announce(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 /// One sink's whole life (build it, drive it until the shutdown flush ends), as a task of the export runtime.
