@@ -36,6 +36,14 @@ if ! command -v script >/dev/null; then
   $as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bsdutils
 fi
+# tests/viewer.rs drives Debian's Chromium (headless) with playwright-core from npm (tests/browser).
+if ! command -v chromium >/dev/null || ! command -v npm >/dev/null; then
+  as_root=""
+  if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then as_root="sudo"; fi
+  $as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium npm
+fi
+(cd tests/browser && npm ci --no-audit --no-fund --silent)
 if ! ls .venv/lib/python3*/site-packages/rotel/rotel-agent >/dev/null 2>&1; then
   .venv/bin/pip install --quiet --disable-pip-version-check --pre rotel==0.0.1a15
 fi

@@ -35,6 +35,11 @@ pub enum AppError {
          can reach it. Set [api] token or token_file (or LLMTAP_API_TOKEN), or listen on a loopback address"
     )]
     ApiWithoutToken { addr: SocketAddr },
+    #[error(
+        "refusing to serve the viewer on {addr} without a token: it shows every captured prompt to whoever can \
+         reach it. Set [api] token or token_file (or LLMTAP_API_TOKEN), or listen on a loopback address"
+    )]
+    ViewerWithoutToken { addr: SocketAddr },
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
@@ -46,6 +51,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     }
     // Before anything starts: a broken prices file is a startup error, not a capture without costs.
     let prices = config.price_table()?;
+    if let Some(addr) = config.viewer_listen
+        && !addr.ip().is_loopback()
+        && config.api.token.is_none()
+    {
+        return Err(AppError::ViewerWithoutToken { addr });
+    }
     let metrics = Arc::new(Metrics::default());
     let conn = crate::store::open_for_writing(&config.data_dir)?;
     let (store_tx, store_thread) =
@@ -83,14 +94,31 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         })?;
     let local = listener.local_addr().unwrap_or(config.listen);
     // Machine-readable first line on stdout: tests and scripts read the bound port from it.
-    println!("llmtap listening on http://{local}");
+    announce(&format!("llmtap listening on http://{local}"));
     let api_stop = CancellationToken::new();
+    let mut listeners = crate::api::server::Listeners {
+        grpc: None,
+        viewer: None,
+    };
     if let Some(addr) = config.api_listen {
         let api_listener = std::net::TcpListener::bind(addr).map_err(|source| AppError::Listen { addr, source })?;
         let api_addr = api_listener.local_addr().unwrap_or(addr);
-        println!("llmtap api on http://{api_addr}");
-        // Its own thread and runtime: no API client can take the proxy's workers or blocking pool.
-        crate::api::server::spawn(api_listener, &config, live.clone(), metrics.clone(), api_stop.clone())
+        announce(&format!("llmtap api on http://{api_addr}"));
+        listeners.grpc = Some(api_listener);
+    }
+    if let Some(addr) = config.viewer_listen {
+        // The viewer is for people, not for the agent: a port already taken is logged and llmtap runs without it.
+        match std::net::TcpListener::bind(addr) {
+            Ok(l) => {
+                announce(&format!("llmtap viewer on http://{}/", l.local_addr().unwrap_or(addr)));
+                listeners.viewer = Some(l);
+            }
+            Err(error) => tracing::error!(%addr, %error, "Cannot listen for the viewer; running without it"),
+        }
+    }
+    if listeners.grpc.is_some() || listeners.viewer.is_some() {
+        // Its own thread and runtime: no API or viewer client can take the proxy's workers or blocking pool.
+        crate::api::server::spawn(listeners, &config, live.clone(), metrics.clone(), api_stop.clone())
             .map_err(AppError::Thread)?;
     }
     tracing::info!(listen = %local, data_dir = %config.data_dir.display(), upstreams = config.upstreams.len(), "Started");
@@ -142,6 +170,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         "Stopped"
     );
     Ok(())
+}
+
+/// An address line on stdout. A caller that read what it needed and closed the pipe is not an error (println!
+/// would panic on the broken pipe and take the proxy down with it).
+fn announce(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 /// One sink's whole life (build it, drive it until the shutdown flush ends), as a task of the export runtime.

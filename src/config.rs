@@ -76,6 +76,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub api: RawApi,
     #[serde(default)]
+    pub viewer: RawViewer,
+    #[serde(default)]
     pub server: RawServer,
     #[serde(default)]
     pub cost: RawCost,
@@ -86,6 +88,13 @@ pub struct RawConfig {
 pub struct RawCost {
     /// TOML file of price overrides (private, fine-tuned or negotiated prices); see `crate::cost`.
     pub prices_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawViewer {
+    /// HOST:PORT for the web viewer, or "off". Beyond loopback it requires `[api] token`.
+    pub listen: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -184,6 +193,8 @@ pub struct Config {
     pub api_listen: Option<SocketAddr>,
     /// The gRPC API's token and limits.
     pub api: ApiConfig,
+    /// The web viewer (`api::viewer`); None when "off". It shares `[api] token`.
+    pub viewer_listen: Option<SocketAddr>,
     /// Resource attributes for exports (service.name and OTEL_RESOURCE_ATTRIBUTES).
     pub resource: Vec<(String, String)>,
     pub server: ServerConfig,
@@ -327,6 +338,7 @@ pub struct UpstreamConfig {
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:8788";
+pub const DEFAULT_VIEWER_LISTEN: &str = "127.0.0.1:8789";
 
 /// The built-in upstreams: route `/<name>/...` to the provider's public API.
 /// The gRPC API's access control and stream limits (`[api]`).
@@ -605,6 +617,13 @@ impl RawConfig {
                 ),
             },
             api: api_config(&self.api)?,
+            viewer_listen: match self.viewer.listen.as_deref().unwrap_or(DEFAULT_VIEWER_LISTEN) {
+                "off" => None,
+                text => Some(
+                    text.parse()
+                        .map_err(|e| invalid("viewer.listen", format!("{text:?} is not HOST:PORT or \"off\" ({e})")))?,
+                ),
+            },
             resource,
             server,
             prices_file: self.cost.prices_file,

@@ -35,12 +35,18 @@ impl BearerAuth {
         let Some((scheme, token)) = value.trim().split_once(' ') else {
             return false;
         };
-        scheme.eq_ignore_ascii_case("bearer") && bool::from(digest(token.trim()).ct_eq(expected))
+        scheme.eq_ignore_ascii_case("bearer") && token_matches(expected, token)
     }
 }
 
-fn digest(token: &str) -> [u8; 32] {
+pub fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
+}
+
+/// Whether `presented` is the token whose digest is `expected`, in constant time (the web viewer checks its
+/// cookie and header with this too).
+pub fn token_matches(expected: &[u8; 32], presented: &str) -> bool {
+    bool::from(digest(presented.trim()).ct_eq(expected))
 }
 
 impl tonic::service::Interceptor for BearerAuth {

@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod server;
 pub mod streams;
+pub mod viewer;
 
 use std::path::PathBuf;
 use std::pin::Pin;

@@ -18,15 +18,24 @@ const SPARE_BLOCKING_THREADS: usize = 2;
 /// Upper bound on the API's blocking pool, whatever `[api] max_streams` says.
 const MAX_BLOCKING_THREADS: usize = 34;
 
-/// Serve the API on `listener` until `stop` is cancelled.
+/// Where the API runtime serves: the gRPC API, the web viewer, or both.
+pub struct Listeners {
+    pub grpc: Option<std::net::TcpListener>,
+    pub viewer: Option<std::net::TcpListener>,
+}
+
+/// Serve the gRPC API and the viewer on their listeners until `stop` is cancelled.
 pub fn spawn(
-    listener: std::net::TcpListener,
+    listeners: Listeners,
     config: &Config,
     live: LiveTx,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    listener.set_nonblocking(true)?;
+    for l in [&listeners.grpc, &listeners.viewer].into_iter().flatten() {
+        l.set_nonblocking(true)?;
+    }
+    let viewer = Arc::new(super::viewer::Viewer::new(config, live.clone(), metrics.clone()));
     let service = ApiService {
         data_dir: config.data_dir.clone(),
         live,
@@ -53,6 +62,18 @@ pub fn spawn(
             }
         };
         runtime.block_on(async move {
+            if let Some(l) = listeners.viewer {
+                match tokio::net::TcpListener::from_std(l) {
+                    Ok(l) => {
+                        tokio::spawn(viewer.serve(l, stop.clone()));
+                    }
+                    Err(error) => tracing::error!(%error, "Cannot use the viewer listener; the viewer is unavailable"),
+                }
+            }
+            let Some(listener) = listeners.grpc else {
+                stop.cancelled().await;
+                return;
+            };
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(l) => l,
                 Err(error) => {

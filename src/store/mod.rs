@@ -5,12 +5,14 @@
 //! do not slow queries, and body storage can change (e.g. content addressing) without touching the rest.
 //! WAL + `synchronous=NORMAL` survives `kill -9` of llmtap (only an OS crash can lose the last commits).
 
+mod browse;
 pub mod codec;
 mod private;
 mod read;
 mod schema;
 mod write;
 
+pub use browse::{CallHead, SessionQuery, TrajectoryLinks};
 pub use read::{Cursor, SessionRow, StoreReader, TraceFilter};
 pub use write::{StoreTx, StoreWriter};
 

@@ -58,7 +58,7 @@ pub struct SessionRow {
 }
 
 pub struct StoreReader {
-    conn: Connection,
+    pub(super) conn: Connection,
 }
 
 impl StoreReader {
@@ -373,7 +373,7 @@ impl StoreReader {
 }
 
 /// A trajectory summary from (trajectory_id, body, system_prompts, tool_definitions).
-fn summary_from_row(row: &Row<'_>) -> Result<TrajectorySummary, StoreError> {
+pub(super) fn summary_from_row(row: &Row<'_>) -> Result<TrajectorySummary, StoreError> {
     let id: String = row.get(0)?;
     let body: String = row.get(1)?;
     let prompts: Option<String> = row.get(2)?;
@@ -418,7 +418,8 @@ impl StepKey {
 const TRACE_SEQ_COLUMN: usize = 30;
 
 /// The columns `trace_from_row` reads, in its order, then `t.seq`.
-const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
+pub(super) const TRACE_SELECT: &str =
+    "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.method, t.path, t.status, t.outcome,
     t.error, t.streamed, t.model, t.started_us, t.first_byte_us, t.ended_us, t.request_bytes, t.response_bytes, t.usage,
     t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.facts, t.cost_usd,
     t.cost_input_usd, t.cost_cache_read_usd, t.cost_cache_write_usd, t.cost_output_usd, t.cost_reasoning_usd, t.seq,
@@ -433,7 +434,7 @@ const TRACE_SELECT_WITHOUT_BODIES: &str = "SELECT t.id, t.trajectory_id, t.upstr
     t.cost_reasoning_usd, t.seq, t.session_id
     FROM traces t";
 
-fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
+pub(super) fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
     let id: String = row.get(0)?;
     let corrupt = |what: String| StoreError::Corrupt { id: id.clone(), what };
     let headers = |s: String| -> Result<Vec<(String, String)>, StoreError> {

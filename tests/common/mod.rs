@@ -589,6 +589,8 @@ pub struct Llmtap {
     pub addr: SocketAddr,
     /// llmtap's gRPC API, when enabled.
     pub api_addr: Option<SocketAddr>,
+    /// The web viewer, when the config names its `[viewer] listen` (and it is not "off").
+    pub viewer_addr: Option<SocketAddr>,
     pub data_dir: PathBuf,
     pub config_path: PathBuf,
 }
@@ -659,6 +661,9 @@ pub fn upstream_config(up: &Upstream, extra: &str) -> String {
     }
     if !extra.contains("[api]") {
         s.push_str("[api]\nlisten = \"127.0.0.1:0\"\n");
+    }
+    if !extra.contains("[viewer]") {
+        s.push_str("[viewer]\nlisten = \"127.0.0.1:0\"\n");
     }
     s.push_str(extra);
     s
@@ -731,19 +736,28 @@ impl Llmtap {
         });
         let line = rx.recv_timeout(Duration::from_secs(20)).expect("llmtap did not start");
         let addr = line.trim().rsplit("http://").next().unwrap().parse().expect(&line);
-        let api_addr = if config.contains("[api]\nlisten = \"off\"") {
-            None
-        } else {
-            rx.recv_timeout(Duration::from_secs(5)).ok().and_then(|l| {
-                l.trim()
-                    .strip_prefix("llmtap api on http://")
-                    .and_then(|a| a.parse().ok())
-            })
-        };
+        // The API's and the viewer's address lines follow, each when enabled. The viewer is waited for only when
+        // the config names its address: the default port may be taken by a parallel test, and then llmtap runs
+        // without a viewer (and prints no line).
+        let want_api = !config.contains("[api]\nlisten = \"off\"");
+        let want_viewer = config.contains("[viewer]") && !config.contains("[viewer]\nlisten = \"off\"");
+        let (mut api_addr, mut viewer_addr) = (None, None);
+        for _ in 0..(want_api as usize + want_viewer as usize) {
+            let Ok(l) = rx.recv_timeout(Duration::from_secs(5)) else {
+                break;
+            };
+            let l = l.trim();
+            if let Some(a) = l.strip_prefix("llmtap api on http://") {
+                api_addr = a.parse().ok();
+            } else if let Some(a) = l.strip_prefix("llmtap viewer on http://") {
+                viewer_addr = a.trim_end_matches('/').parse().ok();
+            }
+        }
         let tap = Llmtap {
             child: Some(child),
             addr,
             api_addr,
+            viewer_addr,
             data_dir: data_dir.to_owned(),
             config_path,
         };

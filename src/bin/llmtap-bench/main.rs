@@ -2,7 +2,7 @@
 //!
 //! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
-//! the recorded corpus); `--smoke` runs a tiny configuration (CI checks it still runs).
+//! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session); `--smoke` runs a tiny configuration (CI checks it still runs).
 //! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
 //! OTLP/gRPC receiver that counts spans, for profiling llmtap by hand).
 #![allow(clippy::print_stdout)]
@@ -12,6 +12,7 @@ mod derive;
 mod proxy;
 mod servers;
 mod stats;
+mod viewer;
 
 /// mimalloc: the proxy and the pipeline allocate many short-lived buffers; glibc malloc spent ~35% of the
 /// derivation benchmark in malloc/free, mimalloc cuts that substantially (see README, Benchmarks).
@@ -51,6 +52,7 @@ fn main() {
             proxy::export(if smoke { 500 } else { 20_000 });
             derive::run(calls);
             codec::run(codec_rounds);
+            viewer_run(smoke);
         }
         "proxy" => proxy::run(scale, false),
         "latency" => proxy::run(scale, true),
@@ -79,9 +81,19 @@ fn main() {
         "derive-steady" => derive::steady(calls),
         "derive-split" => derive::split(calls, 5..15),
         "codec" => codec::run(codec_rounds),
+        "viewer" => viewer_run(smoke),
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
-        other => eprintln!("unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec"),
+        other => eprintln!("unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec, viewer"),
     }
+}
+
+/// LLMTAP_BENCH_VIEWER_CALLS sets the big session's call count (default 10,000).
+fn viewer_run(smoke: bool) {
+    let calls = std::env::var("LLMTAP_BENCH_VIEWER_CALLS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(if smoke { 500 } else { 10_000 });
+    viewer::run(calls, if smoke { 50 } else { 2_000 });
 }
 
 fn report(r: std::io::Result<()>) {

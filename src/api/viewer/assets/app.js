@@ -1,0 +1,326 @@
+// llmtap viewer: plain JS, no build step. Pages are rendered from the JSON API with DOM nodes and textContent
+// only (captured content is never parsed as HTML). Routes: #/ sessions, #/s/<id> session, #/c/<id> call.
+'use strict';
+
+const main = document.getElementById('main');
+const liveDot = document.getElementById('live');
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    else if (k === 'style') el.style.cssText = v;
+    else el.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+// replaceChildren neither flattens arrays nor skips nulls.
+const render = (...children) => main.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+
+async function get(url) {
+  const r = await fetch(url, { credentials: 'same-origin' });
+  if (!r.ok) throw new Error(url + ': ' + r.status);
+  return r.json();
+}
+
+const num = (n) => (n === undefined || n === null ? '' : Number(n).toLocaleString('en-US'));
+const enc = encodeURIComponent;
+function cost(t) {
+  // Unknown is never shown as $0: no priced call → "unknown"; some unpriced → "+ unknown".
+  if (!t) return 'unknown';
+  if (t.cost_usd === null || t.cost_usd === undefined) return t.calls && !t.unpriced_calls ? '$0' : 'unknown';
+  const v = '$' + fmtUsd(t.cost_usd);
+  return t.unpriced_calls ? v + ' + unknown' : v;
+}
+function fmtUsd(s) {
+  const n = Number(s);
+  return n >= 1 ? n.toFixed(2) : n >= 0.01 ? n.toFixed(4) : n.toPrecision(3);
+}
+function callCost(c) {
+  if (!c) return 'unknown';
+  if (c.unknown) return 'unknown';
+  return '$' + fmtUsd(c.total);
+}
+function dur(ms) {
+  if (ms === null || ms === undefined) return '';
+  if (ms < 1000) return Math.round(ms) + ' ms';
+  if (ms < 60000) return (ms / 1000).toFixed(1) + ' s';
+  return Math.floor(ms / 60000) + ' m ' + Math.round((ms % 60000) / 1000) + ' s';
+}
+const time = (s) => (s ? new Date(s).toLocaleString() : '');
+const json = (v) => JSON.stringify(v, null, 2);
+
+// --- live events: one EventSource for the page; views register a handler ---
+let onLive = null;
+let liveTimers = [];
+function connectLive() {
+  const es = new EventSource('api/events');
+  es.onopen = () => liveDot.classList.add('on');
+  es.onerror = () => liveDot.classList.remove('on');
+  const fire = (e) => {
+    const data = JSON.parse(e.data);
+    liveTimers.forEach(clearTimeout);
+    // Calls come in bursts (a step and its call): one refresh per burst. Events leave the pipeline before the
+    // store commits them, so a second refresh picks up what the first was too early for.
+    liveTimers = [300, 1500].map((ms) => setTimeout(() => onLive && onLive(data), ms));
+  };
+  es.addEventListener('call', fire);
+  es.addEventListener('step', fire);
+}
+
+// --- sessions list ---
+async function sessionsPage(params) {
+  const filters = ['agent', 'model', 'since', 'until', 'q'];
+  const form = h('form', { class: 'filters', onsubmit: (e) => {
+    e.preventDefault();
+    const q = new URLSearchParams();
+    for (const f of filters) if (form.elements[f].value) q.set(f, form.elements[f].value);
+    location.hash = '#/?' + q.toString();
+  } },
+  h('input', { name: 'agent', placeholder: 'agent', value: params.get('agent') || '' }),
+  h('input', { name: 'model', placeholder: 'model', value: params.get('model') || '' }),
+  h('input', { name: 'since', placeholder: 'since (RFC 3339)', value: params.get('since') || '' }),
+  h('input', { name: 'until', placeholder: 'until (RFC 3339)', value: params.get('until') || '' }),
+  h('input', { name: 'q', placeholder: 'search text', value: params.get('q') || '', size: 30 }),
+  h('button', { type: 'submit' }, 'Filter'));
+  const body = h('tbody', { id: 'sessions' });
+  const more = h('button', { hidden: true }, 'More');
+  const table = h('table', {}, h('thead', {}, h('tr', {},
+    h('th', {}, 'Agent'), h('th', {}, 'Models'), h('th', {}, 'Started'), h('th', { class: 'num' }, 'Duration'),
+    h('th', { class: 'num' }, 'Calls'), h('th', { class: 'num' }, 'Input'), h('th', { class: 'num' }, 'Output'),
+    h('th', { class: 'num' }, 'Cache read'), h('th', { class: 'num' }, 'Cache write'),
+    h('th', { class: 'num' }, 'Cost'), h('th', { class: 'num' }, 'Errors'))), body);
+  render(h('h1', {}, 'Sessions'), form, table, more);
+  const query = new URLSearchParams();
+  for (const f of filters) if (params.get(f)) query.set(f, params.get(f));
+  const seen = new Set();
+  let first = true;
+  const row = (s) => {
+    const t = s.totals;
+    return h('tr', { class: !first && !seen.has(s.id) ? 'new' : null, 'data-id': s.id },
+      h('td', {}, h('a', { href: '#/s/' + enc(s.id) }, s.agent || s.id.slice(0, 12))),
+      h('td', {}, s.models.join(', ')), h('td', {}, time(s.started_at)),
+      h('td', { class: 'num' }, dur(t.duration_ms)), h('td', { class: 'num' }, num(t.calls)),
+      h('td', { class: 'num' }, num(t.input_tokens)), h('td', { class: 'num' }, num(t.output_tokens)),
+      h('td', { class: 'num' }, num(t.cache_read_tokens)), h('td', { class: 'num' }, num(t.cache_write_tokens)),
+      h('td', { class: 'num cost' }, cost(t)),
+      h('td', { class: 'num' + (t.errors ? ' err' : '') }, num(t.errors)));
+  };
+  let next = null;
+  async function load(reset) {
+    const q = new URLSearchParams(query);
+    if (!reset && next) q.set('before', next);
+    const page = await get('api/sessions?' + q.toString());
+    const rows = page.sessions.map(row);
+    if (reset) body.replaceChildren(...rows); else body.append(...rows);
+    for (const s of page.sessions) seen.add(s.id);
+    next = page.next;
+    more.hidden = !next;
+    first = false;
+  }
+  more.onclick = () => load(false);
+  await load(true);
+  main.dataset.ready = '1';
+  // Live: refresh the first page (the newest sessions) unless the user paged further.
+  onLive = () => { if (body.children.length <= 50) load(true); };
+}
+
+// --- session page ---
+async function sessionPage(id) {
+  const s = await get('api/sessions/' + enc(id));
+  const byId = new Map(s.trajectories.map((t) => [t.id, t]));
+  let selected = s.id;
+  const t = s.totals;
+  const totals = h('div', { class: 'totals' },
+    ...[['Calls', num(t.calls)], ['Duration', dur(t.duration_ms)], ['Input', num(t.input_tokens)],
+      ['Output', num(t.output_tokens)], ['Cache read', num(t.cache_read_tokens)],
+      ['Cache write', num(t.cache_write_tokens)], ['Cost', cost(t)], ['Errors', num(t.errors)]]
+      .map(([k, v]) => h('div', {}, h('span', { class: 'muted' }, k), h('b', {}, v))));
+  const exports = h('div', { class: 'exports' }, h('span', { class: 'muted' }, 'Export: '),
+    s.exports.map((e) => h('a', { href: e.url, download: '' }, e.format)));
+  const stepsBox = h('div', { class: 'steps', id: 'steps' });
+  const treeBox = h('div', { class: 'tree', id: 'tree' });
+  const timeline = h('div', { class: 'timeline', id: 'timeline' });
+  render(h('h1', {}, (s.agent || 'session') + ' ', h('span', { class: 'muted' }, s.id)),
+    totals, exports, h('h2', {}, 'Trajectories'), treeBox, h('h2', {}, 'Timeline'), timeline,
+    h('h2', { id: 'steps-title' }, 'Steps'), stepsBox);
+
+  // Tree: sub-agents under the tool call that started them, continuations after what they continue.
+  const kids = new Map();
+  for (const tr of s.trajectories) {
+    const p = tr.parent_trajectory_id || tr.continues;
+    if (p && byId.has(p)) { if (!kids.has(p)) kids.set(p, []); kids.get(p).push(tr); }
+  }
+  function node(tr) {
+    const how = tr.continues ? 'continues ' + tr.continues.slice(0, 8)
+      : tr.parent_tool_call_id ? 'sub-agent of tool call ' + tr.parent_tool_call_id
+        + (tr.parent_step !== undefined && tr.parent_step !== null ? ' (step ' + tr.parent_step + ')' : '') : 'main';
+    const label = h('span', { class: 'node' + (tr.id === selected ? ' sel' : '') + (tr.side ? ' dim' : ''),
+      'data-id': tr.id, onclick: () => select(tr.id) },
+    h('b', {}, tr.agent || 'agent'), ' ', h('span', { class: 'via' }, how), ' · ',
+    num(tr.steps) + ' steps · ' + num(tr.llm_calls) + ' calls · ' + cost(tr.totals),
+    tr.call_types.includes('warmup') ? ' · warmup' : '');
+    const children = (kids.get(tr.id) || []).map(node);
+    return h('li', {}, label, children.length ? h('ul', {}, children) : null);
+  }
+  treeBox.replaceChildren(h('ul', {}, node(byId.get(s.id))));
+
+  // Timeline: one lane per trajectory; bars from the first page of each lane's steps.
+  const lanes = await Promise.all(s.trajectories.slice(0, 20).map(async (tr) =>
+    ({ tr, steps: (await get('api/trajectories/' + enc(tr.id) + '/steps?limit=200')).steps })));
+  drawTimeline(timeline, lanes);
+
+  let next = null;
+  async function loadSteps(reset) {
+    const q = reset || next === null ? '' : '&after=' + next;
+    const page = await get('api/trajectories/' + enc(selected) + '/steps?limit=100' + q);
+    const cards = page.steps.map(stepCard);
+    if (reset) stepsBox.replaceChildren(...cards); else stepsBox.append(...cards);
+    next = page.next;
+    if (next !== null) stepsBox.append(h('button', { onclick: (e) => { e.target.remove(); loadSteps(false); } }, 'More steps'));
+  }
+  async function select(tid) {
+    selected = tid;
+    for (const n of treeBox.querySelectorAll('.node')) n.classList.toggle('sel', n.dataset.id === tid);
+    document.getElementById('steps-title').textContent = 'Steps of ' + (byId.get(tid).agent || tid);
+    await loadSteps(true);
+  }
+  await select(selected);
+  main.dataset.ready = '1';
+  onLive = (ev) => { if (byId.has(ev.trajectory_id) || !ev.trajectory_id) route(); };
+}
+
+function drawTimeline(box, lanes) {
+  let t0 = Infinity, t1 = -Infinity;
+  const ms = (s) => new Date(s).getTime();
+  for (const { steps } of lanes) for (const st of steps) {
+    if (!st.timings) continue;
+    t0 = Math.min(t0, ms(st.timings.started_at));
+    let end = ms(st.timings.ended_at);
+    for (const tc of st.tool_calls) if (tc.duration_ms) end = Math.max(end, ms(st.timings.ended_at) + tc.duration_ms);
+    t1 = Math.max(t1, end);
+  }
+  if (!(t1 > t0)) { box.replaceChildren(h('div', { class: 'muted', style: 'padding:.3rem' }, 'No timed calls.')); return; }
+  const pct = (t) => ((t - t0) / (t1 - t0)) * 100 + '%';
+  const w = (d) => (d / (t1 - t0)) * 100 + '%';
+  box.replaceChildren(...lanes.map(({ tr, steps }) => {
+    const track = h('div', { class: 'track' });
+    for (const st of steps) {
+      if (!st.timings) continue;
+      const s0 = ms(st.timings.started_at), s1 = ms(st.timings.ended_at);
+      const bar = h('a', { class: 'bar llm' + (st.status === 'error' ? ' err' : '') + (st.call_type === 'warmup' ? ' dim' : ''),
+        style: 'left:' + pct(s0) + ';width:' + w(Math.max(s1 - s0, 1)),
+        href: st.provider_trace_id ? '#/c/' + enc(st.provider_trace_id) : null,
+        title: (st.model || '') + ' · ' + dur(st.timings.duration_ms) + ' · TTFT ' + dur(st.timings.time_to_first_token_ms) });
+      if (st.timings.time_to_first_token_ms) {
+        bar.append(h('span', { class: 'ttft', style: 'left:' + (st.timings.time_to_first_token_ms / Math.max(s1 - s0, 1)) * 100 + '%' }));
+      }
+      track.append(bar);
+      for (const tc of st.tool_calls) {
+        if (!tc.duration_ms) continue;
+        track.append(h('span', { class: 'bar tool', style: 'left:' + pct(s1) + ';width:' + w(tc.duration_ms),
+          title: tc.tool_name + ' · ' + dur(tc.duration_ms) }));
+      }
+    }
+    return h('div', { class: 'lane' + (tr.side ? ' dim' : '') }, h('span', { class: 'label' }, tr.agent || tr.id.slice(0, 8)), track);
+  }));
+}
+
+function stepCard(st) {
+  const results = new Map(st.observations.map((o) => [o.source_call_id, o]));
+  const user = st.role !== 'agent';
+  return h('div', { class: 'step ' + st.role + (st.call_type === 'warmup' ? ' dim' : ''), 'data-index': st.step_index },
+    h('div', { class: 'head' }, h('b', {}, '#' + st.step_index + ' ' + st.role), h('span', {}, st.model),
+      st.call_type && st.call_type !== 'main' ? h('span', {}, st.call_type) : null,
+      st.timings ? h('span', {}, dur(st.timings.duration_ms)) : null,
+      st.role === 'agent' ? h('span', {}, num(st.token_usage.input_tokens) + ' in / ' + num(st.token_usage.output_tokens) + ' out') : null,
+      st.cost ? h('span', { class: 'cost' }, callCost(st.cost)) : null,
+      st.status !== 'ok' ? h('span', { class: 'err' }, st.status + (st.error ? ': ' + st.error : '')) : null,
+      st.provider_trace_id ? h('a', { href: '#/c/' + enc(st.provider_trace_id) }, 'call') : null),
+    st.reasoning_content ? h('details', {}, h('summary', {}, 'reasoning'), h('div', { class: 'text reasoning' }, st.reasoning_content)) : null,
+    st.content ? h('div', { class: 'text' + (user ? ' user-text' : '') }, st.content) : null,
+    st.tool_calls.map((tc) => {
+      const r = results.get(tc.tool_call_id);
+      return h('div', { class: 'tool' },
+        h('div', {}, h('b', {}, tc.tool_name), ' ', h('span', { class: 'muted' }, tc.tool_call_id),
+          tc.duration_ms !== undefined ? ' · ' + dur(tc.duration_ms) : ''),
+        h('pre', { class: 'args' }, json(tc.input)),
+        r ? h('div', { class: 'result' + (r.error ? ' err' : '') }, h('span', { class: 'muted' }, r.error ? 'result (' + r.error + ')' : 'result'),
+          h('pre', {}, r.content ?? r.output_summary ?? '')) : h('div', { class: 'muted' }, 'no result yet'));
+    }),
+    st.snippets.length ? h('details', {}, h('summary', {}, st.snippets.length + ' snippets'),
+      st.snippets.map((sn) => h('div', {}, h('span', { class: 'muted' }, (sn.file_path || '') + (sn.start_line ? ':' + sn.start_line : '')),
+        h('pre', {}, sn.text)))) : null);
+}
+
+// A message's text when it is only text blocks; its JSON otherwise (tool calls, results, images).
+function msgText(m) {
+  const c = m.content ?? m.parts;
+  if (typeof c === 'string') return c;
+  if (Array.isArray(c) && c.every((b) => typeof b.text === 'string' && Object.keys(b).every((k) => k === 'text' || k === 'type'))) {
+    return c.map((b) => b.text).join('\n');
+  }
+  return json(c ?? m);
+}
+
+// --- call page ---
+async function callPage(id) {
+  const c = await get('api/calls/' + enc(id));
+  const u = c.usage || {};
+  const r = c.request || {};
+  const kv = (pairs) => h('div', { class: 'grid' }, pairs.flatMap(([k, v]) => [h('span', { class: 'muted' }, k), h('span', {}, v)]));
+  const copy = h('button', { onclick: async () => {
+    try { await navigator.clipboard.writeText(c.curl); copy.textContent = 'Copied'; } catch (e) { copy.textContent = 'Select the text below'; }
+  } }, 'Copy as curl');
+  render(
+    h('h1', {}, 'Call ', h('span', { class: 'muted' }, c.id)),
+    h('p', {}, c.session ? h('a', { href: '#/s/' + enc(c.session) }, '← session') : null, ' ',
+      c.previous_call ? h('a', { href: '#/c/' + enc(c.previous_call) }, 'previous call') : null),
+    kv([['Model', c.model || ''], ['API', c.api + ' ' + c.method + ' ' + c.path],
+      ['Status', h('span', { class: c.status >= 400 ? 'err' : '' }, (c.status ?? '') + ' ' + c.outcome + (c.error ? ' — ' + c.error : ''))],
+      ['Started', time(c.timings.started_at)], ['Duration', dur(c.timings.duration_ms)],
+      ['Time to first byte', dur(c.timings.time_to_first_byte_ms)],
+      ['Usage', num(u.input) + ' in (cache read ' + num(u.cache_read ?? 0) + ', cache write ' + num(u.cache_write ?? 0) + ') / ' + num(u.output) + ' out' + (u.reasoning ? ' (reasoning ' + num(u.reasoning) + ')' : '')],
+      ['Cost', h('span', { id: 'call-cost', title: c.cost && c.cost.unknown ? c.cost.unknown : '' }, callCost(c.cost))],
+      ...(c.cost && !c.cost.unknown ? [['Cost split', 'input $' + c.cost.input + ' · cache read $' + c.cost.cache_read + ' · cache write $' + c.cost.cache_write + ' · output $' + c.cost.output + ' · reasoning $' + c.cost.reasoning]] : [])]),
+    h('h2', {}, 'New in this request'),
+    h('p', { class: 'muted' }, r.history + ' earlier message(s) repeated from the previous call (history).'),
+    (r.new_messages || []).map((m) => h('div', { class: 'msg' }, h('b', {}, m.role || m.type || ''), h('pre', {}, msgText(m)))),
+    r.system ? h('details', {}, h('summary', {}, 'system prompt'), h('pre', {}, typeof r.system === 'string' ? r.system : json(r.system))) : null,
+    h('details', { id: 'tools' }, h('summary', {}, (r.tools || []).length + ' tool definitions'), h('pre', {}, json(r.tools))),
+    h('details', {}, h('summary', {}, 'parameters'), h('pre', {}, json(r.params))),
+    h('h2', {}, 'Raw'),
+    h('details', {}, h('summary', {}, 'request'), h('pre', {}, json(c.raw_request))),
+    h('details', {}, h('summary', {}, 'response'), h('pre', {}, json(c.raw_response))),
+    c.raw_stream ? h('details', {}, h('summary', {}, 'stream as received'), h('pre', {}, c.raw_stream)) : null,
+    h('details', {}, h('summary', {}, 'headers'), h('pre', {}, c.request_headers.map((x) => x.join(': ')).join('\n') + '\n\n' + c.response_headers.map((x) => x.join(': ')).join('\n'))),
+    h('h2', {}, 'Repeat it'), copy, h('details', {}, h('summary', {}, 'curl'), h('pre', { id: 'curl' }, c.curl)),
+    c.exports ? h('div', { class: 'exports' }, h('span', { class: 'muted' }, 'Export the session: '),
+      c.exports.map((e) => h('a', { href: e.url, download: '' }, e.format))) : null);
+  main.dataset.ready = '1';
+  onLive = null;
+}
+
+async function route() {
+  delete main.dataset.ready;
+  onLive = null;
+  const hash = location.hash.slice(1) || '/';
+  const [path, qs] = hash.split('?');
+  try {
+    if (path.startsWith('/s/')) await sessionPage(decodeURIComponent(path.slice(3)));
+    else if (path.startsWith('/c/')) await callPage(decodeURIComponent(path.slice(3)));
+    else await sessionsPage(new URLSearchParams(qs || ''));
+  } catch (e) {
+    render(h('p', { class: 'err' }, String(e)));
+  }
+}
+
+window.addEventListener('hashchange', route);
+connectLive();
+route();

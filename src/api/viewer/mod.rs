@@ -1,0 +1,484 @@
+//! The web viewer: a small HTTP server on the API's runtime (`[viewer] listen`, loopback by default) serving one
+//! page of plain JS and CSS embedded in the binary, a JSON API over the store (`data`), session exports, and
+//! server-sent events bridged from the pipeline's live feed so that open pages update without a reload.
+//!
+//! Store reads run on the API runtime's blocking pool, never on the proxy's. Captured content is sensitive:
+//! every response carries a strict Content-Security-Policy (no inline script, nothing from elsewhere) and
+//! `Cache-Control: no-store`; beyond loopback `[api] token` is required (checked by `app::run`) and presented
+//! as a bearer header, or once as `?token=` which becomes an HttpOnly same-site cookie. Without a token, only
+//! requests whose Host is a loopback name are answered (a DNS-rebinding page cannot read the store).
+
+pub mod data;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::{LiveEvent, LiveTx};
+use crate::model::format::ExportFormat;
+use crate::store::{SessionQuery, StoreReader, TraceFilter};
+use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
+
+const INDEX_HTML: &str = include_str!("assets/index.html");
+const APP_JS: &str = include_str!("assets/app.js");
+const APP_CSS: &str = include_str!("assets/app.css");
+
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+const COOKIE: &str = "llmtap_viewer";
+/// Sessions per page of the list, steps per page of a trajectory.
+const SESSION_PAGE: u32 = 50;
+const STEP_PAGE: u32 = 100;
+/// Live-event pages open at once; more are refused (503) rather than holding memory.
+const MAX_EVENT_STREAMS: usize = 64;
+/// An event stream whose page takes nothing for this long is closed.
+const EVENT_STALL: Duration = Duration::from_secs(30);
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+pub struct Viewer {
+    data_dir: PathBuf,
+    live: LiveTx,
+    ctx: Arc<data::Context>,
+    token: Option<[u8; 32]>,
+    event_slots: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+    errors: EpisodeLog,
+}
+
+impl Viewer {
+    pub fn new(config: &crate::config::Config, live: LiveTx, metrics: Arc<Metrics>) -> Viewer {
+        // The table the pipeline prices with (embedded prices and the user's overrides), so that the pages agree
+        // with `llmtap traces` and the exports.
+        let prices = match config.price_table() {
+            Ok(t) => Some(t),
+            Err(error) => {
+                tracing::warn!(%error, "Viewer: the price table could not be loaded; costs show as unknown");
+                None
+            }
+        };
+        Viewer {
+            data_dir: config.data_dir.clone(),
+            live,
+            ctx: Arc::new(data::Context {
+                prices,
+                upstreams: config
+                    .upstreams
+                    .iter()
+                    .map(|(k, u)| (k.clone(), u.url.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+                redactor: crate::proxy::redact::Redactor::new(&config.capture.redact_headers),
+            }),
+            token: config.api.token.as_ref().map(|t| super::auth::digest(t.expose())),
+            event_slots: Arc::new(Semaphore::new(MAX_EVENT_STREAMS)),
+            metrics,
+            errors: EpisodeLog::default(),
+        }
+    }
+
+    /// Serve connections on `listener` until `stop` is cancelled.
+    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener, stop: CancellationToken) {
+        let connections = tokio_util::task::TaskTracker::new();
+        loop {
+            let stream = tokio::select! {
+                () = stop.cancelled() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((s, _)) => s,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let viewer = self.clone();
+            let stop = stop.clone();
+            connections.spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let viewer = viewer.clone();
+                    async move { Ok::<_, Infallible>(viewer.handle(req).await) }
+                });
+                let builder = auto::Builder::new(TokioExecutor::new());
+                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                tokio::select! {
+                    _ = conn => {}
+                    () = stop.cancelled() => {}
+                }
+            });
+        }
+        connections.close();
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let mut resp = match self.authorize(&req) {
+            Err((status, message)) => text(status, message),
+            Ok(cookie) => {
+                let mut resp = self.route(&req).await;
+                if let Some(c) = cookie {
+                    set_header(&mut resp, header::SET_COOKIE, &c);
+                }
+                resp
+            }
+        };
+        let h = resp.headers_mut();
+        for (k, v) in [
+            ("content-security-policy", CSP),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "no-referrer"),
+            ("x-frame-options", "DENY"),
+            ("cache-control", "no-store"),
+        ] {
+            h.insert(k, http::HeaderValue::from_static(v));
+        }
+        resp
+    }
+
+    /// Ok(Some(cookie)) when a `?token=` was accepted and should become a cookie; Err: the refusal.
+    fn authorize(&self, req: &Request<Incoming>) -> Result<Option<String>, (StatusCode, &'static str)> {
+        let Some(expected) = &self.token else {
+            // No token: loopback only. Refuse other Host names (DNS rebinding).
+            let host = req
+                .headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .or_else(|| req.uri().authority().map(|a| a.as_str()))
+                .unwrap_or("");
+            return if is_loopback_host(host) {
+                Ok(None)
+            } else {
+                Err((
+                    StatusCode::FORBIDDEN,
+                    "llmtap viewer: only loopback host names are served",
+                ))
+            };
+        };
+        let bearer = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.to_owned());
+        let cookie = req
+            .headers()
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|c| c.trim().split_once('='))
+            .find(|(k, _)| *k == COOKIE)
+            .map(|(_, v)| v.to_owned());
+        if [bearer, cookie]
+            .iter()
+            .flatten()
+            .any(|t| super::auth::token_matches(expected, t))
+        {
+            return Ok(None);
+        }
+        let query = query_params(req.uri().query());
+        if let Some(t) = query.get("token")
+            && super::auth::token_matches(expected, t)
+        {
+            return Ok(Some(format!("{COOKIE}={t}; HttpOnly; SameSite=Strict; Path=/")));
+        }
+        self.metrics.api_unauthenticated.inc();
+        Err((
+            StatusCode::UNAUTHORIZED,
+            "llmtap viewer: open it once as /?token=<[api] token> (or send Authorization: Bearer <token>)",
+        ))
+    }
+
+    async fn route(&self, req: &Request<Incoming>) -> Response<Body> {
+        if req.method() != Method::GET {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "GET only");
+        }
+        let path = req.uri().path();
+        let q = query_params(req.uri().query());
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match segments.as_slice() {
+            [""] => asset("text/html; charset=utf-8", INDEX_HTML),
+            ["assets", "app.js"] => asset("text/javascript; charset=utf-8", APP_JS),
+            ["assets", "app.css"] => asset("text/css; charset=utf-8", APP_CSS),
+            ["api", "sessions"] => {
+                let query = session_query(&q);
+                self.read(move |r, ctx| data::list_sessions(r, ctx, &query).map(Some))
+                    .await
+            }
+            ["api", "sessions", id] => {
+                let id = decode(id);
+                self.read(move |r, ctx| data::session(r, ctx, &id)).await
+            }
+            ["api", "trajectories", id, "steps"] => {
+                let id = decode(id);
+                let after = q.get("after").and_then(|a| a.parse().ok());
+                let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(STEP_PAGE);
+                self.read(move |r, ctx| data::steps(r, ctx, &id, after, limit).map(Some))
+                    .await
+            }
+            ["api", "calls", id] => {
+                let id = decode(id);
+                self.read(move |r, ctx| data::call(r, ctx, &id)).await
+            }
+            ["api", "export", format] => self.export(format, q.get("session").cloned()),
+            ["api", "events"] => self.events(),
+            _ => text(StatusCode::NOT_FOUND, "not found"),
+        }
+    }
+
+    /// Run a store read on the blocking pool; None → 404.
+    async fn read(
+        &self,
+        f: impl FnOnce(&StoreReader, &data::Context) -> Result<Option<Value>, crate::store::StoreError> + Send + 'static,
+    ) -> Response<Body> {
+        let dir = self.data_dir.clone();
+        let ctx = self.ctx.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let reader = StoreReader::open(&dir)?;
+            f(&reader, &ctx)
+        })
+        .await;
+        match result {
+            Ok(Ok(Some(v))) => {
+                self.errors.success();
+                json_response(StatusCode::OK, &v)
+            }
+            Ok(Ok(None)) => json_response(StatusCode::NOT_FOUND, &json!({"error": "not found"})),
+            Ok(Err(e)) => self.failed(&e.to_string()),
+            Err(e) => self.failed(&e.to_string()),
+        }
+    }
+
+    fn failed(&self, error: &str) -> Response<Body> {
+        self.metrics.api_errors.inc();
+        match self.errors.failure() {
+            EpisodeReport::First => tracing::warn!(%error, "Viewer: a store read failed"),
+            EpisodeReport::Summary { count } => tracing::warn!(%error, count, "Viewer: store reads still failing"),
+            EpisodeReport::Quiet => {}
+        }
+        json_response(StatusCode::INTERNAL_SERVER_ERROR, &json!({"error": error}))
+    }
+
+    /// `llmtap export --format <format> --session <session>` as a download, streamed from a blocking thread.
+    fn export(&self, format: &str, session: Option<String>) -> Response<Body> {
+        let Ok(fmt) = <ExportFormat as clap::ValueEnum>::from_str(format, true) else {
+            return text(StatusCode::NOT_FOUND, "unknown export format");
+        };
+        let Some(session) = session.filter(|s| !s.is_empty()) else {
+            return text(StatusCode::BAD_REQUEST, "session is required");
+        };
+        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
+        let dir = self.data_dir.clone();
+        let filter = TraceFilter {
+            session: Some(session.clone()),
+            ..TraceFilter::default()
+        };
+        tokio::task::spawn_blocking(move || {
+            let mut out = ChannelWriter {
+                tx: tx.clone(),
+                buf: Vec::new(),
+            };
+            let result = StoreReader::open(&dir)
+                .map_err(crate::export::ExportError::from)
+                .and_then(|reader| crate::export::write_jsonl(&reader, fmt, &filter, &mut out));
+            let _ = std::io::Write::flush(&mut out);
+            if let Err(e) = result {
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+            }
+        });
+        let name: String = session
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .collect();
+        let mut resp = Response::new(StreamBody::new(ChannelStream(rx)).boxed());
+        set_header(&mut resp, header::CONTENT_TYPE, "application/x-ndjson");
+        set_header(
+            &mut resp,
+            header::CONTENT_DISPOSITION,
+            &format!("attachment; filename=\"{name}.{format}.jsonl\""),
+        );
+        resp
+    }
+
+    /// Server-sent events: `call` for each finished call, `step` for each step, from the live feed.
+    fn events(&self) -> Response<Body> {
+        let Ok(slot) = self.event_slots.clone().try_acquire_owned() else {
+            return text(StatusCode::SERVICE_UNAVAILABLE, "too many live pages open");
+        };
+        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(64);
+        let mut live = self.live.subscribe();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let send = |text: String| {
+                let tx = tx.clone();
+                async move {
+                    matches!(
+                        tokio::time::timeout(EVENT_STALL, tx.send(Ok(Frame::data(Bytes::from(text))))).await,
+                        Ok(Ok(()))
+                    )
+                }
+            };
+            if !send(": live\n\n".into()).await {
+                return;
+            }
+            let mut keepalive = tokio::time::interval(Duration::from_secs(15));
+            loop {
+                let event = tokio::select! {
+                    () = tx.closed() => return,
+                    _ = keepalive.tick() => {
+                        if !send(": keepalive\n\n".into()).await { return; }
+                        continue;
+                    }
+                    e = live.recv() => e,
+                };
+                let (name, data) = match event {
+                    Ok(LiveEvent::Trace(t)) => (
+                        "call",
+                        json!({
+                            "id": t.id, "trajectory_id": t.trajectory_id, "agent": t.agent, "model": t.model,
+                            "status": t.status, "outcome": t.outcome.as_str(),
+                        }),
+                    ),
+                    Ok(LiveEvent::Step(s)) => (
+                        "step",
+                        json!({"step_id": s.step_id, "trajectory_id": s.trajectory_id, "step_index": s.step_index}),
+                    ),
+                    Err(broadcast::error::RecvError::Lagged(n)) => ("lagged", json!({ "skipped": n })),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                if !send(format!("event: {name}\ndata: {data}\n\n")).await {
+                    return;
+                }
+            }
+        });
+        let mut resp = Response::new(StreamBody::new(ChannelStream(rx)).boxed());
+        set_header(&mut resp, header::CONTENT_TYPE, "text/event-stream");
+        resp
+    }
+}
+
+fn session_query(q: &BTreeMap<String, String>) -> SessionQuery {
+    let time = |k: &str| {
+        q.get(k)
+            .filter(|v| !v.is_empty())
+            .and_then(|v| chrono::DateTime::parse_from_rfc3339(v).ok())
+            .map(|d| d.timestamp_micros())
+    };
+    let text = |k: &str| q.get(k).filter(|v| !v.is_empty()).cloned();
+    SessionQuery {
+        agent: text("agent"),
+        model: text("model"),
+        since_us: time("since"),
+        until_us: time("until"),
+        text: text("q"),
+        before: q.get("before").and_then(|b| {
+            let (t, id) = b.split_once(':')?;
+            Some((t.parse().ok()?, id.to_owned()))
+        }),
+        limit: q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(SESSION_PAGE),
+    }
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn query_params(query: Option<&str>) -> BTreeMap<String, String> {
+    query
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(&s.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+fn set_header(resp: &mut Response<Body>, name: header::HeaderName, value: &str) {
+    if let Ok(v) = http::HeaderValue::from_str(value) {
+        resp.headers_mut().insert(name, v);
+    }
+}
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+}
+
+fn asset(content_type: &str, body: &'static str) -> Response<Body> {
+    let mut resp = Response::new(full(body));
+    set_header(&mut resp, header::CONTENT_TYPE, content_type);
+    resp
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Body> {
+    let mut resp = asset("text/plain; charset=utf-8", body);
+    *resp.status_mut() = status;
+    resp
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    let mut resp = Response::new(full(v.to_string()));
+    *resp.status_mut() = status;
+    set_header(&mut resp, header::CONTENT_TYPE, "application/json");
+    resp
+}
+
+/// A response body fed through a channel.
+struct ChannelStream(mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
+
+impl futures_core::Stream for ChannelStream {
+    type Item = Result<Frame<Bytes>, std::io::Error>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// An `io::Write` on a blocking thread handing 64 KiB chunks to a response body; a client that left is a
+/// write error, which ends the export.
+struct ChannelWriter {
+    tx: mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>,
+    buf: Vec<u8>,
+}
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= 64 * 1024 {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::take(&mut self.buf));
+        self.tx
+            .blocking_send(Ok(Frame::data(chunk)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "viewer client went away"))
+    }
+}

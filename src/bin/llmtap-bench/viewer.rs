@@ -1,0 +1,219 @@
+//! The web viewer's page reads on a large store: one session of `calls` calls (default 10,000) among many small
+//! sessions, written through the real store writer; then each page's read (sessions list, session page, first
+//! and last page of steps, a call) timed as the viewer's data module does it.
+//!
+//! The big session is derived from 20-call agent conversations whose records are renumbered into one
+//! trajectory (a real 10,000-call conversation would repeat a history that grows to 20,000 messages in every
+//! request: no agent sends that, they compact). `LLMTAP_BENCH_VIEWER_PAD` adds that many bytes of distinct text
+//! to every request body, to grow the store (e.g. 100000 for about 1 GB of bodies at 10,000 calls).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use llmtap::api::viewer::data;
+use llmtap::config::{DeriveConfig, StoreConfig};
+use llmtap::derive::Deriver;
+use llmtap::model::record::Record;
+use llmtap::store::{SessionQuery, StoreReader};
+use llmtap::telemetry::Metrics;
+
+use super::derive::exchange;
+use super::stats::Summary;
+
+const BIG: &str = "tr_bench_big_session";
+const ROUNDS: usize = 20;
+
+pub fn run(calls: usize, small_sessions: usize) {
+    let dir = std::env::temp_dir().join(format!("llmtap-bench-viewer-{}", std::process::id()));
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    let pad: usize = std::env::var("LLMTAP_BENCH_VIEWER_PAD")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    let t0 = Instant::now();
+    if let Err(e) = build(&dir, calls, small_sessions, pad) {
+        eprintln!("llmtap-bench viewer: {e}");
+        return;
+    }
+    let size = std::fs::metadata(llmtap::store::db_path(&dir)).map_or(0, |m| m.len());
+    println!(
+        "viewer: store with one {calls}-call session and {small_sessions} 3-call sessions: {:.1} MB on disk, built in {:.1} s",
+        size as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+    if let Err(e) = measure(&dir) {
+        eprintln!("llmtap-bench viewer: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn build(dir: &std::path::Path, calls: usize, small: usize, pad: usize) -> Result<(), llmtap::store::StoreError> {
+    let metrics = Arc::new(Metrics::default());
+    let conn = llmtap::store::open(dir)?;
+    let (tx, thread) =
+        llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone()).map_err(|e| {
+            llmtap::store::StoreError::DataDir {
+                path: dir.to_owned(),
+                source: e,
+            }
+        })?;
+    let mut t = llmtap::capture::now_micros() - 86_400_000_000;
+    let mut deriver = Deriver::new(DeriveConfig::default());
+    // The big session: conversations of ROUNDS calls, renumbered into one trajectory.
+    let mut index: HashMap<String, u32> = HashMap::new();
+    let mut summary = None;
+    for n in 0..calls {
+        let (conv, turn) = (n / ROUNDS, n % ROUNDS);
+        let mut ex = exchange(1_000_000 + conv, turn, t);
+        if pad > 0 {
+            ex = padded(ex, pad, n);
+        }
+        t += 2_000_000;
+        let p = llmtap::pipeline::process::process(ex, usize::MAX);
+        let mut out = Vec::new();
+        for r in deriver.observe(p.trace, p.call) {
+            match r {
+                Record::Trace(mut tr) => {
+                    tr.trajectory_id = Some(BIG.into());
+                    out.push(Record::Trace(tr));
+                }
+                Record::Step(mut s) => {
+                    let next = index.len() as u32;
+                    let i = *index.entry(s.step_id.clone()).or_insert(next);
+                    s.trajectory_id = BIG.into();
+                    s.step_index = i;
+                    s.step_id = format!("{BIG}/{i}");
+                    out.push(Record::Step(s));
+                }
+                Record::Trajectory(mut s) => {
+                    if summary.is_none() {
+                        s.trajectory_id = BIG.into();
+                        summary = Some(s);
+                    }
+                }
+            }
+        }
+        tx.send(out);
+    }
+    if let Some(mut s) = summary {
+        s.llm_calls = calls as u32;
+        s.steps = index.len() as u32;
+        s.ended_at = llmtap::model::trace::rfc3339(t);
+        s.closed = true;
+        tx.send(vec![Record::Trajectory(s)]);
+    }
+    // Many small sessions for the list.
+    for s in 0..small {
+        for turn in 0..3 {
+            let p = llmtap::pipeline::process::process(exchange(s, turn, t), usize::MAX);
+            t += 1_000_000;
+            tx.send(deriver.observe(p.trace, p.call));
+        }
+    }
+    tx.send(deriver.close_all());
+    drop(tx);
+    let _ = thread.join();
+    Ok(())
+}
+
+/// `ex` with `pad` bytes of call-specific text appended to its last message (so compression cannot fold them).
+fn padded(mut ex: llmtap::capture::RawExchange, pad: usize, n: usize) -> llmtap::capture::RawExchange {
+    let Some(body) = ex.request.body.first() else { return ex };
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return ex;
+    };
+    let mut text = String::with_capacity(pad);
+    let mut x = n as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    while text.len() < pad {
+        // xorshift: cheap distinct words.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        text.push_str(&format!("{:x} ", x));
+    }
+    if let Some(last) = v["messages"].as_array_mut().and_then(|m| m.last_mut()) {
+        last["content"] = serde_json::Value::String(text);
+    }
+    let bytes = bytes::Bytes::from(v.to_string());
+    ex.request.len = bytes.len() as u64;
+    ex.request.body = [bytes].into();
+    ex
+}
+
+fn measure(dir: &std::path::Path) -> Result<(), llmtap::store::StoreError> {
+    let ctx = data::Context {
+        prices: llmtap::cost::CostTable::embedded().ok(),
+        upstreams: [("openai".to_owned(), "https://api.openai.com".to_owned())].into(),
+        redactor: llmtap::proxy::redact::Redactor::new(&[]),
+    };
+    let reader = StoreReader::open(dir)?;
+    let last_call = reader.call_heads(BIG)?.last().map(|c| c.id.clone()).unwrap_or_default();
+    let last_step = reader.trajectory_light(BIG)?.map_or(0, |s| s.steps);
+    type Page<'a> = (&'a str, Box<dyn Fn() -> Result<usize, llmtap::store::StoreError> + 'a>);
+    let size = |v: serde_json::Value| v.to_string().len();
+    let list = SessionQuery {
+        limit: 50,
+        ..SessionQuery::default()
+    };
+    let pages: Vec<Page> = vec![
+        (
+            "sessions list, first page of 50",
+            Box::new(|| Ok(size(data::list_sessions(&reader, &ctx, &list)?))),
+        ),
+        (
+            "sessions list, text search",
+            Box::new(|| {
+                let q = SessionQuery {
+                    text: Some("no-such-text".into()),
+                    limit: 50,
+                    ..SessionQuery::default()
+                };
+                Ok(size(data::list_sessions(&reader, &ctx, &q)?))
+            }),
+        ),
+        (
+            "session page (tree + totals over every call)",
+            Box::new(|| Ok(size(data::session(&reader, &ctx, BIG)?.unwrap_or_default()))),
+        ),
+        (
+            "steps, first page of 100",
+            Box::new(|| Ok(size(data::steps(&reader, &ctx, BIG, None, 100)?))),
+        ),
+        (
+            "steps, last page of 100",
+            Box::new(|| {
+                Ok(size(data::steps(
+                    &reader,
+                    &ctx,
+                    BIG,
+                    Some(last_step.saturating_sub(101)),
+                    100,
+                )?))
+            }),
+        ),
+        (
+            "call page (last call, with its previous call)",
+            Box::new(|| Ok(size(data::call(&reader, &ctx, &last_call)?.unwrap_or_default()))),
+        ),
+    ];
+    for (name, page) in pages {
+        let mut times = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            bytes = page()?;
+            times.push(t0.elapsed());
+        }
+        let s = Summary::of(&mut times);
+        println!(
+            "  {name}: median {:.1} ms, best {:.1} ms, {} KB of JSON",
+            s.pct(0.5).as_secs_f64() * 1e3,
+            s.pct(0.0).as_secs_f64() * 1e3,
+            bytes / 1024
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! Reads for browsing (the web viewer): small keyset pages, newest sessions first, a trajectory's steps by index,
+//! a call's heads without bodies. Nothing here reads more than one page of bodies.
+
+use std::collections::HashMap;
+
+use rusqlite::{OptionalExtension, params_from_iter, types::Value as SqlValue};
+
+use super::StoreError;
+use super::read::{StoreReader, TRACE_SELECT, summary_from_row, trace_from_row};
+use crate::model::exchange::{Api, Outcome, Timings};
+use crate::model::step::{Step, TrajectorySummary};
+use crate::model::trace::ProviderTrace;
+use crate::model::usage::Usage;
+
+/// Which top-level trajectories to list. All filters are optional; `before` resumes after the last row shown.
+#[derive(Debug, Clone, Default)]
+pub struct SessionQuery {
+    pub agent: Option<String>,
+    pub model: Option<String>,
+    /// Unix micros: trajectories still running at or after this time.
+    pub since_us: Option<i64>,
+    /// Unix micros: trajectories started at or before this time.
+    pub until_us: Option<i64>,
+    /// Substring of the trajectory summary (ids, agent, models) or of one of its steps.
+    pub text: Option<String>,
+    /// Keyset cursor: (started_us, trajectory_id) of the last row of the previous page.
+    pub before: Option<(i64, String)>,
+    pub limit: u32,
+}
+
+/// A call without its bodies or headers: enough for lists, timelines and cost.
+#[derive(Debug, Clone)]
+pub struct CallHead {
+    pub id: String,
+    pub trajectory_id: Option<String>,
+    pub upstream: String,
+    pub api: Api,
+    pub model: Option<String>,
+    pub status: Option<u16>,
+    pub outcome: Outcome,
+    pub error: Option<String>,
+    pub timings: Timings,
+    pub usage: Option<Usage>,
+}
+
+/// `(parent_trajectory_id, continues)` of every trajectory that has either, keyed by trajectory id.
+pub type TrajectoryLinks = HashMap<String, (Option<String>, Option<String>)>;
+
+impl StoreReader {
+    /// Top-level trajectories (no parent, not a continuation), newest first, one page.
+    pub fn root_trajectories(&self, q: &SessionQuery) -> Result<Vec<(i64, TrajectorySummary)>, StoreError> {
+        let mut cond = vec![
+            "json_extract(body, '$.parent_trajectory_id') IS NULL".to_owned(),
+            "json_extract(body, '$.continues') IS NULL".to_owned(),
+        ];
+        let mut params = Vec::new();
+        if let Some(a) = &q.agent {
+            cond.push("json_extract(body, '$.agent') = ?".into());
+            params.push(SqlValue::Text(a.clone()));
+        }
+        if let Some(m) = &q.model {
+            cond.push("EXISTS (SELECT 1 FROM json_each(body, '$.models') WHERE value = ?)".into());
+            params.push(SqlValue::Text(m.clone()));
+        }
+        if let Some(t) = q.since_us {
+            cond.push("ended_us >= ?".into());
+            params.push(SqlValue::Integer(t));
+        }
+        if let Some(t) = q.until_us {
+            cond.push("started_us <= ?".into());
+            params.push(SqlValue::Integer(t));
+        }
+        if let Some(text) = q.text.as_deref().filter(|t| !t.is_empty()) {
+            let like = format!(
+                "%{}%",
+                text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
+            );
+            // Searching step bodies scans the trajectory's steps (by index), only for rows the other filters kept.
+            cond.push(
+                "(body LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM steps s WHERE s.trajectory_id = \
+                 trajectories.trajectory_id AND s.body LIKE ? ESCAPE '\\'))"
+                    .into(),
+            );
+            params.push(SqlValue::Text(like.clone()));
+            params.push(SqlValue::Text(like));
+        }
+        if let Some((started, id)) = &q.before {
+            cond.push("(started_us, trajectory_id) < (?, ?)".into());
+            params.push(SqlValue::Integer(*started));
+            params.push(SqlValue::Text(id.clone()));
+        }
+        params.push(SqlValue::Integer(i64::from(q.limit.clamp(1, 500))));
+        let sql = format!(
+            "SELECT trajectory_id, body, NULL, NULL, started_us FROM trajectories WHERE {}
+             ORDER BY started_us DESC, trajectory_id DESC LIMIT ?",
+            cond.join(" AND ")
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let mut rows = stmt.query(params_from_iter(params))?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            out.push((row.get(4)?, summary_from_row(row)?));
+        }
+        Ok(out)
+    }
+
+    /// Parent and continuation links of all trajectories: one pass over the table's small JSON bodies, so that
+    /// finding a session's sub-agents and continuations is a walk in memory instead of a scan per level.
+    pub fn trajectory_links(&self) -> Result<TrajectoryLinks, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT trajectory_id, json_extract(body, '$.parent_trajectory_id'), json_extract(body, '$.continues')
+             FROM trajectories
+             WHERE json_extract(body, '$.parent_trajectory_id') IS NOT NULL
+                OR json_extract(body, '$.continues') IS NOT NULL",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, (r.get(1)?, r.get(2)?))))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// One trajectory's summary without its system prompts and tool definitions.
+    pub fn trajectory_light(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT trajectory_id, body, NULL, NULL FROM trajectories WHERE trajectory_id = ?1")?;
+        let mut rows = stmt.query([id])?;
+        match rows.next()? {
+            Some(row) => Ok(Some(summary_from_row(row)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every call of a trajectory, oldest first, without bodies (by the `traces_trajectory` index).
+    pub fn call_heads(&self, trajectory_id: &str) -> Result<Vec<CallHead>, StoreError> {
+        let mut out = self.heads_where("trajectory_id", trajectory_id)?;
+        out.sort_by_key(|c| c.timings.start);
+        Ok(out)
+    }
+
+    /// One call without bodies.
+    pub fn call_head(&self, id: &str) -> Result<Option<CallHead>, StoreError> {
+        Ok(self.heads_where("id", id)?.pop())
+    }
+
+    fn heads_where(&self, column: &str, value: &str) -> Result<Vec<CallHead>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT id, trajectory_id, upstream, api, model, status, outcome, error, started_us, first_byte_us,
+                    ended_us, usage
+             FROM traces WHERE {column} = ?1"
+        ))?;
+        let rows = stmt.query_map([value], |r| {
+            let usage: Option<String> = r.get(11)?;
+            Ok(CallHead {
+                id: r.get(0)?,
+                trajectory_id: r.get(1)?,
+                upstream: r.get(2)?,
+                api: Api::parse(&r.get::<_, String>(3)?),
+                model: r.get(4)?,
+                status: r.get(5)?,
+                outcome: Outcome::parse(&r.get::<_, String>(6)?),
+                error: r.get(7)?,
+                timings: Timings {
+                    start: r.get(8)?,
+                    first_byte: r.get(9)?,
+                    end: r.get(10)?,
+                },
+                usage: usage.and_then(|u| serde_json::from_str(&u).ok()),
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// A page of a trajectory's steps after index `after` (exclusive), by the `steps_trajectory` index.
+    pub fn steps_page(&self, trajectory_id: &str, after: Option<u32>, limit: u32) -> Result<Vec<Step>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT step_id, body FROM steps WHERE trajectory_id = ?1 AND step_index > ?2
+             ORDER BY step_index, seq LIMIT ?3",
+        )?;
+        let after = after.map_or(-1, i64::from);
+        let rows = stmt.query_map(
+            rusqlite::params![trajectory_id, after, i64::from(limit.clamp(1, 1000))],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        )?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, body) = row?;
+            out.push(serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+                id,
+                what: e.to_string(),
+            })?);
+        }
+        Ok(out)
+    }
+
+    /// The call of the same trajectory just before `trace` (bodies included), if any.
+    pub fn previous_call(&self, trace: &ProviderTrace) -> Result<Option<ProviderTrace>, StoreError> {
+        let Some(trajectory) = &trace.trajectory_id else {
+            return Ok(None);
+        };
+        let seq: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT seq FROM traces WHERE id = ?1")?
+            .query_row([&trace.id], |r| r.get(0))
+            .optional()?;
+        let Some(seq) = seq else { return Ok(None) };
+        let sql = format!(
+            "{TRACE_SELECT} WHERE t.id = (SELECT id FROM traces WHERE trajectory_id = ?1
+                AND (started_us < ?2 OR (started_us = ?2 AND seq < ?3)) ORDER BY started_us DESC, seq DESC LIMIT 1)"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let mut rows = stmt.query(rusqlite::params![trajectory, trace.timings.start, seq])?;
+        match rows.next()? {
+            Some(row) => Ok(Some(trace_from_row(row)?)),
+            None => Ok(None),
+        }
+    }
+}

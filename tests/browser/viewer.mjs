@@ -1,0 +1,79 @@
+// Drives headless Chromium through the llmtap viewer and reports what a user sees, as one JSON line on stdout.
+// The assertions live in tests/viewer.rs; this script only looks and takes screenshots.
+//
+// usage: node viewer.mjs <viewer base URL> <session id> <call id> <screenshot dir>
+// Protocol: prints "READY-FOR-CALL" once the sessions list is open, then waits (up to 30 s) for a new session
+// row to appear without a reload (the test makes a call meanwhile), then prints the report line.
+import { chromium } from 'playwright-core';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+const [base, sessionId, callId, shots] = process.argv.slice(2);
+fs.mkdirSync(shots, { recursive: true });
+const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'llmtap-chromium-'));
+const browser = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  headless: true,
+  viewport: { width: 1400, height: 1000 },
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync'],
+});
+const report = { console_errors: [], csp: null };
+try {
+  const page = browser.pages()[0] || (await browser.newPage());
+  page.on('console', (m) => { if (m.type() === 'error') report.console_errors.push(m.text()); });
+  page.on('pageerror', (e) => report.console_errors.push(String(e)));
+  const ready = () => page.waitForSelector('main[data-ready]', { timeout: 20000 });
+
+  const first = await page.goto(base + '#/');
+  report.csp = first.headers()['content-security-policy'] || null;
+  await ready();
+  report.sessions = await page.$$eval('#sessions tr', (rows) => rows.map((r) => ({
+    id: r.dataset.id, cells: [...r.children].map((c) => c.textContent) })));
+  await page.screenshot({ path: path.join(shots, 'sessions.png'), fullPage: true });
+
+  await page.goto(base + '#/s/' + encodeURIComponent(sessionId));
+  await ready();
+  report.session = await page.evaluate(() => ({
+    tree_nodes: document.querySelectorAll('#tree .node').length,
+    steps: document.querySelectorAll('#steps .step').length,
+    agent_steps: document.querySelectorAll('#steps .step.agent').length,
+    tool_calls: document.querySelectorAll('#steps .tool').length,
+    tool_results: document.querySelectorAll('#steps .tool .result').length,
+    timeline_bars: document.querySelectorAll('#timeline .bar.llm').length,
+    tool_bars: document.querySelectorAll('#timeline .bar.tool').length,
+  }));
+  await page.screenshot({ path: path.join(shots, 'session.png'), fullPage: true });
+
+  await page.goto(base + '#/c/' + encodeURIComponent(callId));
+  await ready();
+  report.call = await page.evaluate(() => ({
+    cost: document.getElementById('call-cost').textContent,
+    text: document.getElementById('main').innerText,
+  }));
+  await page.screenshot({ path: path.join(shots, 'call.png'), fullPage: true });
+
+  await page.goto(base + '#/');
+  await ready();
+  const before = await page.$$eval('#sessions tr', (rows) => rows.map((r) => r.dataset.id));
+  // Survives only if the page is not reloaded.
+  await page.evaluate(() => { window.__llmtapMarker = 'same page'; });
+  // Live updates arrive over an EventSource: wait until it is connected before asking for the call.
+  await page.waitForSelector('#live.on', { timeout: 10000 });
+  console.log('READY-FOR-CALL');
+  await page.waitForFunction((n) => document.querySelectorAll('#sessions tr').length > n, before.length,
+    { timeout: 30000 });
+  report.live = {
+    before: before.length,
+    after: await page.$$eval('#sessions tr', (rows) => rows.map((r) => r.dataset.id)),
+    marker: await page.evaluate(() => window.__llmtapMarker || null),
+  };
+  await page.screenshot({ path: path.join(shots, 'sessions-live.png'), fullPage: true });
+} catch (e) {
+  report.error = String(e);
+} finally {
+  await browser.close();
+  fs.rmSync(profile, { recursive: true, force: true });
+}
+console.log('REPORT ' + JSON.stringify(report));

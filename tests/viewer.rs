@@ -1,0 +1,371 @@
+//! The web viewer as a user sees it: recorded agent sessions replayed through the real binary, then the viewer's
+//! JSON API read over HTTP, and Debian's Chromium (headless, driven by tests/browser/viewer.mjs through
+//! playwright-core) opening the sessions list, a session page and a call page; a call made while the list is
+//! open must appear without a reload. Screenshots land in target/screenshots/.
+//!
+//! Chromium and the npm packages come from `scripts/test.sh` (apt-get install chromium, npm ci).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+const SESSION: &str = "pydantic-ai__anthropic_parallel_tools_agent";
+
+async fn get_json(client: &Client, url: &str) -> Value {
+    let r = send(client, "GET", url, &[], Vec::new()).await;
+    assert_eq!(r.status, 200, "{url}: {}", String::from_utf8_lossy(&r.body));
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+/// Replays every recorded agent session (the Anthropic one first, so its calls are known) and returns the
+/// Anthropic session's provider traces.
+async fn replay_all(tap: &Llmtap) -> Vec<Value> {
+    let client = client();
+    let first = session(SESSION);
+    for f in &first {
+        assert_eq!(send_fixture(&client, tap, f, &[]).await.status, f.status, "{}", f.name);
+    }
+    let anthropic = tap.wait_for_traces(first.len());
+    let mut total = first.len();
+    for name in session_names().into_iter().filter(|n| n != SESSION) {
+        let calls = session(&name);
+        for f in &calls {
+            assert_eq!(send_fixture(&client, tap, f, &[]).await.status, f.status, "{}", f.name);
+        }
+        total += calls.len();
+    }
+    tap.wait_for_traces(total);
+    anthropic
+}
+
+fn roots(sessions: &[Value]) -> Vec<&Value> {
+    sessions
+        .iter()
+        .filter(|s| s.get("parent_trajectory_id").is_none() && s.get("continues").is_none())
+        .collect()
+}
+
+/// The cost of a stored call, computed here from its usage with the library's price table.
+fn expected_cost(trace: &Value) -> rust_decimal::Decimal {
+    let usage: llmtap::model::usage::Usage = serde_json::from_value(trace["usage"].clone()).unwrap();
+    let start = chrono::DateTime::parse_from_rfc3339(trace["timings"]["start"].as_str().unwrap())
+        .unwrap()
+        .timestamp_micros();
+    llmtap::cost::CostTable::embedded()
+        .unwrap()
+        .cost("anthropic", trace["model"].as_str().unwrap(), start, &usage)
+        .unwrap()
+        .usd
+        .total
+}
+
+/// Steps of `trajectory` in the `steps` export, and how many tool calls there have a result.
+fn expected_steps(tap: &Llmtap, trajectory: &str) -> (usize, usize) {
+    let steps: Vec<Value> = tap
+        .export("steps", &[])
+        .into_iter()
+        .filter(|s| s["trajectory_id"] == trajectory)
+        .collect();
+    let results = steps
+        .iter()
+        .map(|s| {
+            let answered: Vec<&str> = s["observations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o["source_call_id"].as_str().unwrap())
+                .collect();
+            s["tool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| answered.contains(&c["tool_call_id"].as_str().unwrap()))
+                .count()
+        })
+        .sum();
+    (steps.len(), results)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_api_lists_sessions_with_totals_and_serves_steps_calls_and_exports() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let viewer = tap.viewer_addr.expect("viewer enabled");
+    let anthropic = replay_all(&tap).await;
+    let client = client();
+    let base = format!("http://{viewer}");
+
+    let page = get_json(&client, &format!("{base}/api/sessions?limit=500")).await;
+    let listed = page["sessions"].as_array().unwrap();
+    let sessions = tap.sessions_json();
+    assert_eq!(listed.len(), roots(&sessions).len());
+    // Newest first.
+    let started: Vec<&str> = listed.iter().map(|s| s["started_at"].as_str().unwrap()).collect();
+    assert!(started.windows(2).all(|w| w[0] >= w[1]), "{started:?}");
+    // Every call is counted under exactly one listed session.
+    let calls: u64 = listed.iter().map(|s| s["totals"]["calls"].as_u64().unwrap()).sum();
+    let traced = tap
+        .export("provider-traces", &[])
+        .iter()
+        .filter(|t| t["trajectory_id"].is_string())
+        .count();
+    assert_eq!(calls as usize, traced);
+
+    // Keyset pages: two rows at a time cover the same sessions in the same order.
+    let mut paged = Vec::new();
+    let mut next = String::new();
+    loop {
+        let p = get_json(&client, &format!("{base}/api/sessions?limit=2{next}")).await;
+        paged.extend(p["sessions"].as_array().unwrap().iter().map(|s| s["id"].clone()));
+        match p["next"].as_str() {
+            Some(n) => next = format!("&before={n}"),
+            None => break,
+        }
+    }
+    assert_eq!(paged, listed.iter().map(|s| s["id"].clone()).collect::<Vec<_>>());
+
+    // The Anthropic session: its totals' cost is the sum of its calls' costs.
+    let trajectory = anthropic[0]["trajectory_id"].as_str().unwrap();
+    let s = get_json(&client, &format!("{base}/api/sessions/{trajectory}")).await;
+    let want: rust_decimal::Decimal = anthropic.iter().map(expected_cost).sum();
+    let got: rust_decimal::Decimal = s["totals"]["cost_usd"].as_str().unwrap().parse().unwrap();
+    assert_eq!(got, want);
+    assert_eq!(s["totals"]["calls"], anthropic.len());
+
+    // Filters: by agent-less text that only this session's steps contain, and by model.
+    let model = anthropic[0]["model"].as_str().unwrap();
+    let by_model = get_json(&client, &format!("{base}/api/sessions?model={model}")).await;
+    let ids: Vec<&str> = by_model["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&trajectory), "{ids:?}");
+    assert!(ids.len() < listed.len());
+    let none = get_json(&client, &format!("{base}/api/sessions?q=no-such-text-anywhere-42")).await;
+    assert_eq!(none["sessions"].as_array().unwrap().len(), 0);
+
+    // Steps, paged by index.
+    let (n_steps, _) = expected_steps(&tap, trajectory);
+    let first = get_json(&client, &format!("{base}/api/trajectories/{trajectory}/steps?limit=1")).await;
+    assert_eq!(first["steps"].as_array().unwrap().len(), 1);
+    let after = first["next"].as_u64().unwrap();
+    let rest = get_json(
+        &client,
+        &format!("{base}/api/trajectories/{trajectory}/steps?after={after}&limit=1000"),
+    )
+    .await;
+    assert_eq!(1 + rest["steps"].as_array().unwrap().len(), n_steps);
+
+    // A later call: new messages only, its previous call, no secret header, a curl with a placeholder key.
+    let call_id = anthropic.last().unwrap()["id"].as_str().unwrap();
+    let call = get_json(&client, &format!("{base}/api/calls/{call_id}")).await;
+    assert_eq!(call["previous_call"], anthropic[anthropic.len() - 2]["id"]);
+    assert!(call["request"]["history"].as_u64().unwrap() > 0);
+    let headers = call["request_headers"].to_string().to_ascii_lowercase();
+    assert!(
+        !headers.contains("x-api-key") && !headers.contains("authorization"),
+        "{headers}"
+    );
+    let curl = call["curl"].as_str().unwrap();
+    assert!(curl.contains("x-api-key: $ANTHROPIC_API_KEY"), "{curl}");
+    let cost: rust_decimal::Decimal = call["cost"]["total"].as_str().unwrap().parse().unwrap();
+    assert_eq!(cost, expected_cost(anthropic.last().unwrap()));
+
+    // Each export format of the session downloads what `llmtap export --session` writes.
+    let exports = s["exports"].as_array().unwrap();
+    assert_eq!(exports.len(), 8);
+    let steps_link = exports.iter().find(|e| e["format"] == "steps").unwrap();
+    let r = send(
+        &client,
+        "GET",
+        &format!("{base}/{}", steps_link["url"].as_str().unwrap()),
+        &[],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let cli = tap.cli(&["export", "--format", "steps", "--session", trajectory]);
+    assert_eq!(String::from_utf8_lossy(&r.body), cli);
+
+    // Page and API responses carry the strict policy; a foreign Host name is refused (DNS rebinding).
+    let index = send(&client, "GET", &format!("{base}/"), &[], Vec::new()).await;
+    let csp = index.headers["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    let rebound = send(
+        &client,
+        "GET",
+        &format!("{base}/api/sessions"),
+        &[("host", "evil.example:80")],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(rebound.status, 403);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn viewer_beyond_loopback_requires_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = llmtap_command()
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .arg("--config")
+        .arg({
+            let p = dir.path().join("c.toml");
+            std::fs::write(&p, "[api]\nlisten = \"off\"\n[viewer]\nlisten = \"0.0.0.0:0\"\n").unwrap();
+            p
+        })
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("viewer"));
+
+    // With a token: refused without it, accepted as ?token= (which sets a cookie) and as a bearer header.
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let tap = Llmtap::start(
+        &upstream_config(
+            &up,
+            "[api]\nlisten = \"off\"\ntoken = \"s3cret-viewer\"\n[viewer]\nlisten = \"127.0.0.1:0\"\n",
+        ),
+        dir.path(),
+    );
+    let base = format!("http://{}", tap.viewer_addr.unwrap());
+    let client = client();
+    assert_eq!(
+        send(&client, "GET", &format!("{base}/api/sessions"), &[], vec![])
+            .await
+            .status,
+        401
+    );
+    let wrong = send(&client, "GET", &format!("{base}/?token=nope"), &[], vec![]).await;
+    assert_eq!(wrong.status, 401);
+    let ok = send(&client, "GET", &format!("{base}/?token=s3cret-viewer"), &[], vec![]).await;
+    assert_eq!(ok.status, 200);
+    let cookie = ok.headers["set-cookie"].to_str().unwrap();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap();
+    let by_cookie = send(
+        &client,
+        "GET",
+        &format!("{base}/api/sessions"),
+        &[("cookie", pair)],
+        vec![],
+    )
+    .await;
+    assert_eq!(by_cookie.status, 200);
+    let bearer = send(
+        &client,
+        "GET",
+        &format!("{base}/api/sessions"),
+        &[("authorization", "Bearer s3cret-viewer")],
+        vec![],
+    )
+    .await;
+    assert_eq!(bearer.status, 200);
+}
+
+fn browser_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        std::path::Path::new(&chromium).exists(),
+        "{chromium} is missing: run scripts/test.sh (it installs Debian's chromium)"
+    );
+    assert!(
+        browser_dir().join("node_modules/playwright-core").exists(),
+        "tests/browser/node_modules is missing: run scripts/test.sh (it runs npm ci there)"
+    );
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let viewer = tap.viewer_addr.expect("viewer enabled");
+    let anthropic = replay_all(&tap).await;
+    let trajectory = anthropic[0]["trajectory_id"].as_str().unwrap().to_owned();
+    let call = &anthropic[0];
+    let (n_steps, n_results) = expected_steps(&tap, &trajectory);
+    let n_roots = roots(&tap.sessions_json()).len();
+    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+
+    let mut node = Command::new("node")
+        .arg(browser_dir().join("viewer.mjs"))
+        .arg(format!("http://{viewer}/"))
+        .arg(&trajectory)
+        .arg(call["id"].as_str().unwrap())
+        .arg(&shots)
+        .env("CHROMIUM", &chromium)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(node.stdout.take().unwrap());
+    let mut report = None;
+    let client = client();
+    for line in stdout.lines() {
+        let line = line.unwrap();
+        if line == "READY-FOR-CALL" {
+            // A call in its own session scope: a new session for the open list.
+            let f = json_calls(1).remove(0);
+            let scoped = [("x-llmtap-session", "viewer-live-check")];
+            assert_eq!(send_fixture(&client, &tap, &f, &scoped).await.status, 200);
+        } else if let Some(r) = line.strip_prefix("REPORT ") {
+            report = Some(serde_json::from_str::<Value>(r).unwrap());
+        }
+    }
+    assert!(node.wait().unwrap().success());
+    let report = report.expect("the browser script reported");
+    assert!(report.get("error").is_none(), "{report:#}");
+    assert_eq!(report["console_errors"], serde_json::json!([]), "{report:#}");
+    assert!(report["csp"].as_str().unwrap().contains("default-src 'none'"));
+
+    // The list shows every top-level session, the Anthropic one among them.
+    let rows = report["sessions"].as_array().unwrap();
+    assert_eq!(rows.len(), n_roots);
+    assert!(rows.iter().any(|r| r["id"] == trajectory.as_str()));
+
+    // The session page: its tree, every step and every tool result of the main trajectory.
+    let s = &report["session"];
+    assert!(s["tree_nodes"].as_u64().unwrap() >= 1);
+    assert_eq!(s["steps"], n_steps);
+    assert_eq!(s["tool_results"], n_results);
+    assert!(n_results > 0);
+    assert_eq!(s["timeline_bars"], anthropic.len());
+
+    // The call page: the cost the price table gives for its usage, to the digits shown.
+    let shown = report["call"]["cost"].as_str().unwrap();
+    let value: f64 = shown
+        .trim_start_matches('$')
+        .parse()
+        .unwrap_or_else(|_| panic!("cost {shown:?}"));
+    let digits = shown.split('.').nth(1).map_or(0, str::len) as i32;
+    let want: f64 = expected_cost(call).to_string().parse().unwrap();
+    assert!(
+        (value - want).abs() <= 0.5 * 10f64.powi(-digits) + want * 0.005,
+        "shown {shown}, expected {want}"
+    );
+    assert!(!report["call"]["text"].as_str().unwrap().contains("sk-"));
+
+    // The live call appeared in the open list, without a reload.
+    let live = &report["live"];
+    assert_eq!(live["marker"], "same page");
+    assert_eq!(
+        live["after"].as_array().unwrap().len(),
+        live["before"].as_u64().unwrap() as usize + 1
+    );
+}
