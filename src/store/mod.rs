@@ -5,6 +5,7 @@
 //! do not slow queries, and body storage can change (e.g. content addressing) without touching the rest.
 //! WAL + `synchronous=NORMAL` survives `kill -9` of llmtap (only an OS crash can lose the last commits).
 
+pub mod chunks;
 pub mod codec;
 mod private;
 mod read;

@@ -103,7 +103,7 @@ impl StoreReader {
                 let mut bytes = 0;
                 while let Some(row) = rows.next()? {
                     let key = (row.get(11)?, row.get(TRACE_SEQ_COLUMN)?);
-                    let trace = trace_from_row(row)?;
+                    let trace = trace_from_row(&self.conn, row)?;
                     bytes += trace.request.as_str().len()
                         + trace.response.as_str().len()
                         + trace.raw_response.as_ref().map_or(0, |r| r.len());
@@ -268,7 +268,7 @@ impl StoreReader {
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut rows = stmt.query([id])?;
         match rows.next()? {
-            Some(row) => Ok(Some(trace_from_row(row)?)),
+            Some(row) => Ok(Some(trace_from_row(&self.conn, row)?)),
             None => Ok(None),
         }
     }
@@ -397,7 +397,7 @@ const TRACE_SELECT: &str = "SELECT t.id, t.trajectory_id, t.upstream, t.api, t.m
     t.request_headers, t.response_headers, t.metadata, b.request, b.response, b.raw_response, t.seq
     FROM traces t LEFT JOIN trace_bodies b ON b.trace_id = t.id";
 
-fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
+fn trace_from_row(conn: &Connection, row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
     let id: String = row.get(0)?;
     let corrupt = |what: String| StoreError::Corrupt { id: id.clone(), what };
     let headers = |s: String| -> Result<Vec<(String, String)>, StoreError> {
@@ -428,7 +428,7 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
         request_headers: headers(row.get(17)?)?,
         response_headers: headers(row.get(18)?)?,
         meta,
-        request: JsonText::from_stored(decompress(row.get(20)?)),
+        request: JsonText::from_stored(super::chunks::load_request(conn, row.get(20)?)),
         response: JsonText::from_stored(decompress(row.get(21)?)),
         raw_response: decompress(row.get(22)?),
         id,
@@ -437,7 +437,8 @@ fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
 
 /// Delete traces (with their bodies, steps and emptied trajectories) beyond the configured age or count. Counts
 /// what went before export.
-pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: &Metrics) -> Result<(), StoreError> {
+/// Returns how many body chunks went with them (see `chunks.rs`).
+pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: &Metrics) -> Result<u64, StoreError> {
     let mut cutoff_seq: Option<i64> = None;
     if config.retention_days > 0 {
         let cutoff_us = crate::model::exchange::now_micros() - (config.retention_days as i64) * 86_400_000_000;
@@ -457,7 +458,7 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
             .optional()?;
         cutoff_seq = cutoff_seq.max(seq);
     }
-    let Some(cutoff) = cutoff_seq else { return Ok(()) };
+    let Some(cutoff) = cutoff_seq else { return Ok(0) };
     // Cursors are positions in the export log, not in `traces`: a trace is unexported when its call's 'chat'
     // entry lies beyond the slowest sink's cursor. (Comparing trace seqs with cursors mixed two sequences and
     // missed unexported traces as soon as tool and agent entries interleaved with the calls.) No sink, no
@@ -485,6 +486,7 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
         "INSERT INTO retired_traces SELECT id FROM traces WHERE seq <= ?1",
         [cutoff],
     )?;
+    let chunks_deleted = super::chunks::release_retired(&tx)?;
     tx.execute_batch(
         "INSERT INTO retired_steps SELECT step_id FROM steps WHERE trace_id IN (SELECT id FROM retired_traces);
          DELETE FROM trace_bodies WHERE trace_id IN (SELECT id FROM retired_traces);
@@ -498,7 +500,7 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
     let n = tx.execute("DELETE FROM traces WHERE seq <= ?1", [cutoff])?;
     tx.commit()?;
     metrics.evicted.add(n as u64);
-    Ok(())
+    Ok(chunks_deleted)
 }
 
 /// A sink's export position, kept in the store so that a restart resumes where it stopped.

@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 2;
+pub const VERSION: i64 = 5;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -90,6 +90,18 @@ const V2: &str = r#"
 CREATE INDEX IF NOT EXISTS steps_trace ON steps(trace_id);
 "#;
 
+/// v5: content-addressed request bodies (see `chunks.rs`). A request body may be a manifest naming rows of
+/// `chunks`; rows written before keep their whole-body form and read as before. `refs` counts the manifests'
+/// references (retention deletes a chunk at zero); `hash` is the SHA-256 of the chunk's text.
+const V5: &str = r#"
+CREATE TABLE IF NOT EXISTS chunks (
+    id    INTEGER PRIMARY KEY,
+    hash  BLOB NOT NULL UNIQUE,
+    refs  INTEGER NOT NULL,
+    data  BLOB NOT NULL
+);
+"#;
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -103,6 +115,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 2 {
         conn.execute_batch(V2)?;
+    }
+    if version < 5 {
+        conn.execute_batch(V5)?;
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;
