@@ -2,11 +2,13 @@
 //!
 //! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
-//! the recorded corpus); `--smoke` runs a tiny configuration (CI checks it still runs).
+//! the recorded corpus), `bytes` (store bytes per call of a 100-call session), `lossless` (the lossless capture
+//! rate); `--smoke` runs a tiny configuration (CI checks it still runs).
 //! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
 //! OTLP/gRPC receiver that counts spans, for profiling llmtap by hand).
 #![allow(clippy::print_stdout)]
 
+mod capture;
 mod codec;
 mod derive;
 mod proxy;
@@ -51,6 +53,8 @@ fn main() {
             proxy::export(if smoke { 500 } else { 20_000 });
             derive::run(calls);
             codec::run(codec_rounds);
+            capture::bytes_per_call(100);
+            capture::lossless(smoke);
         }
         "proxy" => proxy::run(scale, false),
         "latency" => proxy::run(scale, true),
@@ -79,8 +83,12 @@ fn main() {
         "derive-steady" => derive::steady(calls),
         "derive-split" => derive::split(calls, 5..15),
         "codec" => codec::run(codec_rounds),
+        "bytes" => capture::bytes_per_call(100),
+        "lossless" => capture::lossless(smoke),
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
-        other => eprintln!("unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec"),
+        other => eprintln!(
+            "unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec, bytes, lossless"
+        ),
     }
 }
 

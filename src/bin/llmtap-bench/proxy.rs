@@ -209,6 +209,26 @@ async fn latency(url: &str, n: usize, rate: u64) -> Vec<Duration> {
     out
 }
 
+/// `n` requests open loop at `rate`, cycling through `bodies`: how many were answered.
+pub async fn open_loop(url: &str, bodies: &[Bytes], n: usize, rate: u64) -> usize {
+    let client = client(64);
+    let interval = Duration::from_micros(1_000_000 / rate.max(1));
+    let mut ticker = tokio::time::interval(interval);
+    let mut handles = Vec::with_capacity(n);
+    for i in 0..n {
+        ticker.tick().await;
+        let (client, body, url) = (client.clone(), bodies[i % bodies.len().max(1)].clone(), url.to_owned());
+        handles.push(tokio::spawn(
+            async move { one(&client, &url, &body, None).await.is_some() },
+        ));
+    }
+    let mut ok = 0;
+    for h in handles {
+        ok += usize::from(matches!(h.await, Ok(true)));
+    }
+    ok
+}
+
 /// Closed loop with `conns` workers for `secs`: requests per second at saturation.
 async fn saturation(url: &str, conns: usize, secs: u64) -> f64 {
     let client = client(conns);
@@ -562,18 +582,26 @@ pub fn memory(scale: &Scale) {
 }
 
 /// An upstream, an OTLP receiver and llmtap with capture + store + OTLP export on, for the single-target modes.
-struct CaptureStack {
+pub struct CaptureStack {
     rt: tokio::runtime::Runtime,
     /// Spans the receiver has accepted.
     spans: Arc<std::sync::atomic::AtomicU64>,
-    url: String,
+    pub url: String,
     dir: PathBuf,
     tap: Proc,
     _upstream: Proc,
 }
 
 impl CaptureStack {
-    fn start(mode: &str) -> Option<CaptureStack> {
+    /// A counter or gauge of the llmtap (`name` with its trailing space).
+    pub fn metric(&self, name: &str) -> u64 {
+        metrics_text(self.tap.addr)
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
+    pub fn start(mode: &str) -> Option<CaptureStack> {
         let rt = super::servers::runtime().ok()?;
         let upstream = start_upstream();
         let (otlp_addr, spans) = super::servers::otlp_receiver().ok()?;
