@@ -205,9 +205,10 @@ impl StoreReader {
         {
             let mut body = tx.prepare_cached("SELECT step_id, body FROM steps WHERE seq = ?1")?;
             for key in keys {
-                let row: Option<(String, String)> =
+                let row: Option<(String, SqlValue)> =
                     body.query_row([key.seq], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
-                if let Some((id, text)) = row {
+                if let Some((id, stored)) = row {
+                    let text = step_text(&id, stored)?;
                     bytes += text.len();
                     page.push((key, id, text));
                 }
@@ -281,7 +282,7 @@ impl StoreReader {
         match rows.next()? {
             Some(row) => {
                 let id: String = row.get(0)?;
-                let body: String = row.get(1)?;
+                let body = step_text(&id, row.get(1)?)?;
                 Ok(Some(serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
                     id,
                     what: e.to_string(),
@@ -343,6 +344,19 @@ impl StoreReader {
         Ok(self
             .conn
             .query_row("SELECT COUNT(*) FROM traces", [], |r| r.get::<_, i64>(0))? as u64)
+    }
+}
+
+/// A step's stored JSON: a zstd frame (see `write::upsert_step`), or text in rows written before.
+fn step_text(id: &str, stored: SqlValue) -> Result<String, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt {
+        id: id.to_owned(),
+        what: what.to_owned(),
+    };
+    match stored {
+        SqlValue::Text(t) => Ok(t),
+        SqlValue::Blob(b) => decompress(Some(b)).ok_or_else(|| corrupt("unreadable step body")),
+        _ => Err(corrupt("step body is neither text nor a compressed blob")),
     }
 }
 

@@ -92,7 +92,9 @@ CREATE INDEX IF NOT EXISTS steps_trace ON steps(trace_id);
 
 /// v5: content-addressed request bodies (see `chunks.rs`). A request body may be a manifest naming rows of
 /// `chunks`; rows written before keep their whole-body form and read as before. `refs` counts the manifests'
-/// references (retention deletes a chunk at zero); `hash` is the SHA-256 of the chunk's text.
+/// references (retention deletes a chunk at zero); `hash` is the SHA-256 of the chunk's text. Steps written
+/// from v5 on keep their JSON as a zstd blob in the same `body` column (older rows: text; SQLite columns take
+/// either).
 const V5: &str = r#"
 CREATE TABLE IF NOT EXISTS chunks (
     id    INTEGER PRIMARY KEY,

@@ -259,7 +259,9 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreErro
         .or_else(|| chrono::DateTime::parse_from_rfc3339(&s.timestamp).ok())
         .map(|t| t.timestamp_micros())
         .unwrap_or(0);
-    let body = json("step", s)?;
+    // Compressed: a step holds the tool results it observed, the largest part of what a long session stores
+    // besides the bodies (~2.5 KB of text per call in `llmtap-bench bytes`). Rows written before are text.
+    let body = compress(&json("step", s)?);
     // Updates keep the original seq (and so the original export position) of the step.
     tx.prepare_cached(
         "INSERT INTO steps (step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, body)
