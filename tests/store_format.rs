@@ -52,6 +52,25 @@ async fn bodies_are_zstd_and_zlib_bodies_of_earlier_builds_still_read() {
         }
     }
 
+    // Steps are zstd blobs; one rewritten as the JSON text an earlier build stored.
+    let steps_before = {
+        let tap = Llmtap::start(&config, dir.path());
+        tap.export("steps", &[])
+    };
+    assert!(!steps_before.is_empty());
+    let (step_seq, step_blob): (i64, Vec<u8>) = db
+        .query_row("SELECT seq, body FROM steps ORDER BY seq LIMIT 1", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert!(step_blob.starts_with(&ZSTD_MAGIC), "a step is a zstd frame");
+    let step_text = String::from_utf8(zstd::decode_all(&step_blob[..]).unwrap()).unwrap();
+    db.execute(
+        "UPDATE steps SET body = ?1 WHERE seq = ?2",
+        rusqlite::params![step_text, step_seq],
+    )
+    .unwrap();
+
     // One trace's bodies rewritten as an earlier build stored them (zlib), the other left as zstd.
     let (old_id, _, response) = &rows[0];
     let request = traces.iter().find(|t| t["id"].as_str() == Some(old_id)).unwrap()["request"].to_string();
@@ -79,6 +98,7 @@ async fn bodies_are_zstd_and_zlib_bodies_of_earlier_builds_still_read() {
         reread.iter().any(|r| r["id"].as_str() == Some(old_id)),
         "the rewritten trace is one of them"
     );
+    assert_eq!(tap.export("steps", &[]), steps_before, "a text step reads as before");
 }
 
 /// An agent session's requests repeat the conversation: the repeated messages are stored once (chunks

@@ -123,16 +123,19 @@ impl CaptureTx {
             self.budget.metrics().capture_dropped();
             return;
         }
-        match self.tx.as_ref().map(|tx| tx.try_send(exchange)) {
-            Some(Ok(())) => {
+        let Some(tx) = self.tx.as_ref() else {
+            self.budget.metrics().capture_dropped();
+            return;
+        };
+        match tx.try_send(exchange) {
+            Ok(()) => {
                 self.budget.metrics().captured.inc();
                 self.doorbell.ring();
             }
-            Some(Err(mpsc::TrySendError::Full(exchange) | mpsc::TrySendError::Disconnected(exchange))) => {
+            Err(mpsc::TrySendError::Full(exchange) | mpsc::TrySendError::Disconnected(exchange)) => {
                 self.dropped.note(&exchange);
                 self.budget.metrics().capture_dropped();
             }
-            None => self.budget.metrics().capture_dropped(),
         }
     }
 

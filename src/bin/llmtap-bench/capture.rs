@@ -34,7 +34,7 @@ pub fn prose(seed: u64, words: usize) -> String {
             out.push(' ');
         }
         out.push_str(VOCAB[(x >> 33) as usize % VOCAB.len()]);
-        if (x >> 20) % 11 == 0 {
+        if (x >> 20).is_multiple_of(11) {
             out.push_str(&format!(" {}", (x >> 40) % 1000));
         }
     }
@@ -43,7 +43,7 @@ pub fn prose(seed: u64, words: usize) -> String {
 
 /// Message `i` of agent session `session`: alternately an assistant tool call (~0.3 KB) and its result (~1.7 KB).
 fn message(session: usize, i: usize) -> serde_json::Value {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         json!({"role": "assistant", "content": prose((session * 1000 + i) as u64, 20),
             "tool_calls": [{"id": format!("call_{session}_{i}"), "type": "function",
                 "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/module_{i}.rs\"}}")}}]})
