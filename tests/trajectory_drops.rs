@@ -50,16 +50,33 @@ async fn an_overrun_capture_drops_whole_conversations_and_counts_them() {
         .expect("a recorded OpenAI chat completion");
     let client = client();
     let (conversations, calls) = (8, 6);
-    // One client, calls interleaved round-robin across the conversations: each exchange reaches the capture
-    // queue (after its response is written) before the next request is sent, and while traffic flows the
-    // pipeline empties the one-slot queue only every 20 ms, so most calls find it full. Rounds of new
-    // conversations until some exchange was dropped (a quick pipeline may keep up with one round).
+    // The conversations' calls in lockstep: each exchange reaches the capture queue (after its response is
+    // written) before its conversation's next request is sent, and the eight exchanges of one step arrive
+    // together at a one-slot queue, so most find it full. Rounds of new conversations until some exchange was
+    // dropped.
     let mut sent = Vec::new();
+    let url = tap.url(&f.client_path);
     for round in 0..10 {
         for call in 1..=calls {
-            for conv in round * conversations..(round + 1) * conversations {
-                let reply = send_body(&client, &tap, &f, request(conv, call)).await;
-                assert_eq!(reply.status, 200, "traffic is unaffected by capture dropping");
+            // Call `call` of every conversation at once; the next call of each only once all are answered.
+            let sends: Vec<_> = (round * conversations..(round + 1) * conversations)
+                .map(|conv| {
+                    let (client, url, name) = (client.clone(), url.clone(), f.name.clone());
+                    tokio::spawn(async move {
+                        send(
+                            &client,
+                            "POST",
+                            &url,
+                            &[("x-replay-fixture", name.as_str())],
+                            request(conv, call),
+                        )
+                        .await
+                        .status
+                    })
+                })
+                .collect();
+            for s in sends {
+                assert_eq!(s.await.unwrap(), 200, "traffic is unaffected by capture dropping");
             }
         }
         sent.extend(round * conversations..(round + 1) * conversations);

@@ -16,8 +16,11 @@
 //! Where the work happens: the data path computes a key only for an exchange it drops (a scan of the request
 //! up to its first user turn and an FxHash of it, a few µs, only while capture is overloaded) and notes it in
 //! [`DroppedConversations`]. The pipeline thread, the queue's one consumer, keeps the marks and checks each
-//! exchange it takes against them, and only while any mark is alive: exchanges queued before the drop but
-//! taken after it are dropped as well (the conversation then ends earlier; still no hole). A mark lives until
+//! exchange it takes against them, and only while any mark is alive: a request of a marked conversation that
+//! is longer than the dropped one is dropped (a conversation grows with every call), including one queued
+//! before the drop but taken after it (the conversation then ends earlier; still no hole). The same request
+//! again is kept: it is a retry of the dropped call, or another conversation that begins alike (identical
+//! requests, such as a benchmark's, would otherwise all be dropped after one drop). A mark lives until
 //! its conversation has been quiet for `derive.idle_timeout` (when derivation would close the trajectory
 //! anyway). Each conversation's first drop counts once in `llmtap_capture_dropped_trajectories_total`.
 //!
@@ -159,7 +162,8 @@ fn is_system(member: &[u8]) -> bool {
 /// Conversations the data path dropped an exchange of, waiting for the pipeline to take them over.
 #[derive(Default)]
 pub struct DroppedConversations {
-    pending: Mutex<Vec<u64>>,
+    /// (conversation key, request length of the dropped exchange).
+    pending: Mutex<Vec<(u64, u64)>>,
     /// Some mark may be alive: the consumer must check what it takes. Set by the data path with each note;
     /// cleared by the consumer, under the `pending` lock, once it holds no mark and nothing is pending.
     active: AtomicBool,
@@ -172,15 +176,16 @@ impl DroppedConversations {
         if let Ok(mut pending) = self.pending.lock()
             && pending.len() < MAX_PENDING
         {
-            pending.push(key);
+            pending.push((key, exchange.request.len));
             self.active.store(true, Ordering::Release);
         }
     }
 }
 
-/// The consumer's side: live marks, each with when its conversation was last seen.
+/// The consumer's side: live marks, each with when its conversation was last seen and the request length of
+/// its first dropped exchange.
 pub struct Marks {
-    marks: FxHashMap<u64, Instant>,
+    marks: FxHashMap<u64, (Instant, u64)>,
     lifetime: Duration,
     last_expiry: Instant,
 }
@@ -217,15 +222,19 @@ impl Marks {
         let mut new = 0;
         let now = Instant::now();
         if let Ok(mut pending) = shared.pending.lock() {
-            for key in pending.drain(..) {
-                if self.marks.insert(key, now).is_none() {
-                    new += 1;
+            for (key, len) in pending.drain(..) {
+                match self.marks.get_mut(&key) {
+                    Some(mark) => mark.1 = mark.1.min(len),
+                    None => {
+                        self.marks.insert(key, (now, len));
+                        new += 1;
+                    }
                 }
             }
             if now.duration_since(self.last_expiry) >= Duration::from_secs(1) {
                 self.last_expiry = now;
                 let lifetime = self.lifetime;
-                self.marks.retain(|_, seen| now.duration_since(*seen) < lifetime);
+                self.marks.retain(|_, (seen, _)| now.duration_since(*seen) < lifetime);
             }
             if self.marks.is_empty() {
                 shared.active.store(false, Ordering::Release);
@@ -238,8 +247,12 @@ impl Marks {
     pub fn check(&mut self, shared: &DroppedConversations, exchange: &RawExchange) -> Verdict {
         let new_trajectories = self.absorb(shared);
         let mut drop = false;
+        // Only a longer request continues the conversation (it grows by at least the dropped call's answer):
+        // the same request again is a retry of the dropped call, or another conversation that begins alike,
+        // and neither leaves a hole.
         if !self.marks.is_empty()
-            && let Some(seen) = self.marks.get_mut(&conversation_key(exchange))
+            && let Some((seen, len)) = self.marks.get_mut(&conversation_key(exchange))
+            && exchange.request.len > *len
         {
             *seen = Instant::now();
             drop = true;
@@ -256,6 +269,7 @@ mod tests {
         let mut e = RawExchange::for_test(id);
         e.api = api;
         e.request.body = [bytes::Bytes::from(body.to_owned())].into();
+        e.request.len = body.len() as u64;
         e
     }
 
@@ -339,6 +353,8 @@ mod tests {
         );
         assert!(!marks.check(&shared, &other).drop);
         assert!(marks.check(&shared, &exchange(Api::OpenAiChat, &body(4), 5)).drop);
+        // The dropped request again (a retry, or a conversation that begins alike) is kept.
+        assert!(!marks.check(&shared, &exchange(Api::OpenAiChat, &body(1), 7)).drop);
 
         // Marks expire once their conversation has been quiet for the lifetime.
         marks.set_lifetime(Duration::ZERO);
