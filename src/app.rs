@@ -65,7 +65,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     let live = crate::api::live_channel();
     let pipeline_stop = CancellationToken::new();
     let (capture_tx, pipeline_thread) = if config.capture.enabled {
-        let (tx, rx) = CaptureTx::channel(&config.capture, metrics.clone());
+        let (tx, mut rx) = CaptureTx::channel(&config.capture, metrics.clone());
+        rx.set_mark_lifetime(config.derive.idle_timeout);
         let thread = crate::pipeline::spawn(
             rx,
             store_tx.clone(),
@@ -166,6 +167,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     tracing::info!(
         captured = metrics.captured.get(),
         dropped = metrics.capture_dropped.get(),
+        dropped_trajectories = metrics.capture_dropped_trajectories.get(),
         stored = metrics.stored.get(),
         "Stopped"
     );

@@ -146,6 +146,8 @@ pub struct Metrics {
     pub client_gone: Counter,
     pub captured: Counter,
     pub capture_dropped: Counter,
+    /// Conversations capture lost an exchange of (each counted once; see `capture::conversation`).
+    pub capture_dropped_trajectories: Counter,
     pub capture_truncated: Counter,
     /// Gauge: captured bytes waiting for the pipeline (see `capture::queue`).
     pub capture_queue_bytes: Counter,
@@ -267,6 +269,11 @@ impl Metrics {
                 "llmtap_capture_dropped_total",
                 "Exchanges not captured because the queue was full (by count or by bytes).",
                 self.capture_dropped.get(),
+            ),
+            (
+                "llmtap_capture_dropped_trajectories_total",
+                "Conversations dropped from capture: from their first dropped exchange on, their later exchanges are dropped too (no trajectory is stored with holes).",
+                self.capture_dropped_trajectories.get(),
             ),
             (
                 "llmtap_capture_queue_bytes",

@@ -1,5 +1,6 @@
-//! The store's body format through the real binary: bodies are written as zstd frames, and a store whose
-//! bodies an earlier build wrote as zlib streams still reads back (an upgrade keeps the history readable).
+//! The store's body format through the real binary: bodies are written as zstd frames (requests with
+//! repeated parts as manifests of content-addressed chunks, see `store/chunks.rs`), and a store whose bodies an
+//! earlier build wrote as zlib streams still reads back (an upgrade keeps the history readable).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -11,6 +12,7 @@ use common::*;
 use serde_json::Value;
 
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+const MANIFEST_MAGIC: [u8; 4] = *b"LTM1";
 
 fn zlib(bytes: &[u8]) -> Vec<u8> {
     let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
@@ -37,18 +39,45 @@ async fn bodies_are_zstd_and_zlib_bodies_of_earlier_builds_still_read() {
     assert_eq!(rows.len(), 2);
     for (id, request, response) in &rows {
         for blob in [request, response] {
+            if blob.starts_with(&MANIFEST_MAGIC) {
+                assert!(
+                    blob[4..].starts_with(&ZSTD_MAGIC),
+                    "{id}: a manifest is a zstd frame too"
+                );
+                continue;
+            }
             assert!(blob.starts_with(&ZSTD_MAGIC), "{id}: a zstd frame");
             let text = zstd::decode_all(&blob[..]).unwrap();
             serde_json::from_slice::<Value>(&text).unwrap_or_else(|e| panic!("{id}: {e}"));
         }
     }
 
+    // Steps are zstd blobs; one rewritten as the JSON text an earlier build stored.
+    let steps_before = {
+        let tap = Llmtap::start(&config, dir.path());
+        tap.export("steps", &[])
+    };
+    assert!(!steps_before.is_empty());
+    let (step_seq, step_blob): (i64, Vec<u8>) = db
+        .query_row("SELECT seq, body FROM steps ORDER BY seq LIMIT 1", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert!(step_blob.starts_with(&ZSTD_MAGIC), "a step is a zstd frame");
+    let step_text = String::from_utf8(zstd::decode_all(&step_blob[..]).unwrap()).unwrap();
+    db.execute(
+        "UPDATE steps SET body = ?1 WHERE seq = ?2",
+        rusqlite::params![step_text, step_seq],
+    )
+    .unwrap();
+
     // One trace's bodies rewritten as an earlier build stored them (zlib), the other left as zstd.
-    let (old_id, request, response) = &rows[0];
+    let (old_id, _, response) = &rows[0];
+    let request = traces.iter().find(|t| t["id"].as_str() == Some(old_id)).unwrap()["request"].to_string();
     db.execute(
         "UPDATE trace_bodies SET request = ?1, response = ?2 WHERE trace_id = ?3",
         rusqlite::params![
-            zlib(&zstd::decode_all(&request[..]).unwrap()),
+            zlib(request.as_bytes()),
             zlib(&zstd::decode_all(&response[..]).unwrap()),
             old_id
         ],
@@ -69,4 +98,44 @@ async fn bodies_are_zstd_and_zlib_bodies_of_earlier_builds_still_read() {
         reread.iter().any(|r| r["id"].as_str() == Some(old_id)),
         "the rewritten trace is one of them"
     );
+    assert_eq!(tap.export("steps", &[]), steps_before, "a text step reads as before");
+}
+
+/// An agent session's requests repeat the conversation: the repeated messages are stored once (chunks
+/// referenced by several requests) and every request reads back as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_messages_of_a_session_are_stored_once_and_read_back_as_sent() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = upstream_config(&up, "");
+    let calls = session("pydantic-ai__gemini_tool_loop_5calls");
+    assert!(calls.len() >= 3);
+    let traces = record_calls(&config, dir.path(), &calls).await;
+    for f in &calls {
+        let sent: Value = serde_json::from_slice(&f.request).unwrap();
+        assert!(
+            traces.iter().any(|t| t["request"] == sent),
+            "{}: its request reads back as sent",
+            f.name
+        );
+    }
+    let db = open_store_db(dir.path());
+    let (chunks, refs): (i64, i64) = db
+        .query_row("SELECT COUNT(*), COALESCE(SUM(refs), 0) FROM chunks", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert!(chunks > 0, "the session's requests have chunks");
+    assert!(
+        refs > chunks,
+        "some chunks serve several requests: {chunks} chunks, {refs} references"
+    );
+    let manifests: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM trace_bodies WHERE substr(request, 1, 4) = ?1",
+            [&MANIFEST_MAGIC[..]],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(manifests >= 2, "{manifests}");
 }

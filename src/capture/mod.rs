@@ -6,6 +6,7 @@
 //! (decoding, parsing, reassembly, derivation, storage) happens on other threads.
 
 pub mod budget;
+pub mod conversation;
 pub mod decode;
 pub mod handoff;
 pub mod queue;

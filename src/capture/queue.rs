@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 
 use super::RawExchange;
 use super::budget::Budget;
+use super::conversation::{DroppedConversations, Marks};
 use crate::config::CaptureConfig;
 use crate::telemetry::Metrics;
 
@@ -86,6 +87,8 @@ pub struct CaptureTx {
     /// `metrics.capture_queue_bytes` is the one count of captured bytes held, in flight and queued (see
     /// [`super::budget`]): the taps charge bodies as they keep them, a send charges the rest.
     budget: Budget,
+    /// Where a drop notes its conversation, so that the rest of it is dropped too (see [`super::conversation`]).
+    dropped: Arc<DroppedConversations>,
 }
 
 impl CaptureTx {
@@ -93,15 +96,20 @@ impl CaptureTx {
     pub fn channel(config: &CaptureConfig, metrics: Arc<Metrics>) -> (CaptureTx, CaptureRx) {
         let (tx, rx) = mpsc::sync_channel(config.queue_capacity);
         let doorbell = Arc::new(Doorbell::default());
+        let dropped = Arc::new(DroppedConversations::default());
         let rx = CaptureRx {
             rx,
             doorbell: doorbell.clone(),
             active_until: None,
+            dropped: dropped.clone(),
+            marks: Marks::new(DEFAULT_MARK_LIFETIME),
+            metrics: metrics.clone(),
         };
         let tx = CaptureTx {
             tx: Some(tx),
             doorbell,
             budget: Budget::new(metrics, config.queue_bytes),
+            dropped,
         };
         (tx, rx)
     }
@@ -111,14 +119,23 @@ impl CaptureTx {
         let rest = exchange.uncharged_bytes();
         if rest > 0 && !self.budget.reserve(&mut exchange.charge, rest) {
             // Dropping the exchange gives back what its taps had charged.
+            self.dropped.note(&exchange);
             self.budget.metrics().capture_dropped();
             return;
         }
-        if self.tx.as_ref().is_some_and(|tx| tx.try_send(exchange).is_ok()) {
-            self.budget.metrics().captured.inc();
-            self.doorbell.ring();
-        } else {
+        let Some(tx) = self.tx.as_ref() else {
             self.budget.metrics().capture_dropped();
+            return;
+        };
+        match tx.try_send(exchange) {
+            Ok(()) => {
+                self.budget.metrics().captured.inc();
+                self.doorbell.ring();
+            }
+            Err(mpsc::TrySendError::Full(exchange) | mpsc::TrySendError::Disconnected(exchange)) => {
+                self.dropped.note(&exchange);
+                self.budget.metrics().capture_dropped();
+            }
         }
     }
 
@@ -155,7 +172,16 @@ pub struct CaptureRx {
     doorbell: Arc<Doorbell>,
     /// Poll (rather than park) until then: an exchange arrived recently.
     active_until: Option<Instant>,
+    /// Conversations that lost an exchange: their later exchanges are dropped here (see
+    /// [`super::conversation`]).
+    dropped: Arc<DroppedConversations>,
+    marks: Marks,
+    metrics: Arc<Metrics>,
 }
+
+/// How long a dropped conversation's mark lives after its last exchange unless [`CaptureRx::set_mark_lifetime`]
+/// says otherwise: derivation's default idle timeout.
+const DEFAULT_MARK_LIFETIME: Duration = Duration::from_secs(30 * 60);
 
 impl CaptureRx {
     /// The next exchange, waiting at most `timeout` for one (`Timeout`), or `Disconnected` once every sender
@@ -169,6 +195,9 @@ impl CaptureRx {
             }
             let now = Instant::now();
             if now >= deadline {
+                // Quiet: count the conversations whose last exchange was dropped.
+                let new = self.marks.absorb(&self.dropped);
+                self.metrics.capture_dropped_trajectories.add(new);
                 return Err(RecvTimeoutError::Timeout);
             }
             let left = deadline - now;
@@ -202,14 +231,29 @@ impl CaptureRx {
         std::iter::from_fn(|| self.try_recv()).collect()
     }
 
+    /// A dropped conversation's mark lives until it has been quiet this long (`derive.idle_timeout`: then
+    /// derivation would have closed its trajectory).
+    pub fn set_mark_lifetime(&mut self, lifetime: Duration) {
+        self.marks.set_lifetime(lifetime);
+    }
+
+    /// The next queued exchange that does not belong to a conversation capture already lost part of.
     fn try_take(&mut self) -> Result<Option<RawExchange>, RecvTimeoutError> {
-        match self.rx.try_recv() {
-            Ok(exchange) => {
-                self.active_until = Some(Instant::now() + ACTIVE_WINDOW);
-                Ok(Some(exchange))
+        loop {
+            match self.rx.try_recv() {
+                Ok(exchange) => {
+                    self.active_until = Some(Instant::now() + ACTIVE_WINDOW);
+                    let verdict = self.marks.check(&self.dropped, &exchange);
+                    self.metrics.capture_dropped_trajectories.add(verdict.new_trajectories);
+                    if verdict.drop {
+                        self.metrics.capture_dropped();
+                        continue;
+                    }
+                    return Ok(Some(exchange));
+                }
+                Err(TryRecvError::Empty) => return Ok(None),
+                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
             }
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
         }
     }
 }

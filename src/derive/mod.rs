@@ -27,7 +27,7 @@ mod state;
 mod steps;
 mod subagent;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 
 use crate::config::DeriveConfig;
 use crate::model::call::NormalizedCall;

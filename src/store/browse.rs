@@ -75,10 +75,11 @@ impl StoreReader {
                 "%{}%",
                 text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
             );
-            // Searching step bodies scans the trajectory's steps (by index), only for rows the other filters kept.
+            // Searching step bodies scans the trajectory's steps (by index), only for rows the other filters kept;
+            // `step_text` (registered by `StoreReader::open`) reads a compressed step body as its JSON text.
             cond.push(
                 "(body LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM steps s WHERE s.trajectory_id = \
-                 trajectories.trajectory_id AND s.body LIKE ? ESCAPE '\\'))"
+                 trajectories.trajectory_id AND step_text(s.body) LIKE ? ESCAPE '\\'))"
                     .into(),
             );
             params.push(SqlValue::Text(like.clone()));
@@ -178,11 +179,12 @@ impl StoreReader {
         let after = after.map_or(-1, i64::from);
         let rows = stmt.query_map(
             rusqlite::params![trajectory_id, after, i64::from(limit.clamp(1, 1000))],
-            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, SqlValue>(1)?)),
         )?;
         let mut out = Vec::new();
         for row in rows {
             let (id, body) = row?;
+            let body = super::read::step_text(&id, body)?;
             out.push(serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
                 id,
                 what: e.to_string(),
@@ -209,7 +211,7 @@ impl StoreReader {
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut rows = stmt.query(rusqlite::params![trajectory, trace.timings.start, seq])?;
         match rows.next()? {
-            Some(row) => Ok(Some(trace_from_row(row)?)),
+            Some(row) => Ok(Some(trace_from_row(&self.conn, row)?)),
             None => Ok(None),
         }
     }

@@ -40,12 +40,26 @@ fn new_compressor() -> std::io::Result<zstd::bulk::Compressor<'static>> {
 
 /// Compress a body for the store (empty if the encoder failed, which the reader reports as unreadable).
 pub fn compress(text: &str) -> Vec<u8> {
+    compress_bytes(text.as_bytes())
+}
+
+/// [`compress`] for bytes that are not text (a body manifest, see `chunks.rs`).
+pub fn compress_bytes(bytes: &[u8]) -> Vec<u8> {
     COMPRESSOR.with(|c| {
         c.borrow_mut()
             .as_mut()
-            .and_then(|c| c.compress(text.as_bytes()).ok())
+            .and_then(|c| c.compress(bytes).ok())
             .unwrap_or_default()
     })
+}
+
+/// A zstd frame written by [`compress_bytes`]; None if it is not one or is damaged.
+pub fn decompress_bytes(blob: &[u8]) -> Option<Vec<u8>> {
+    if blob.starts_with(&ZSTD_MAGIC) {
+        unzstd(blob)
+    } else {
+        None
+    }
 }
 
 /// A body written by [`compress`] (or by an earlier version's zlib); None if the blob is missing, truncated,

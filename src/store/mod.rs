@@ -6,6 +6,7 @@
 //! WAL + `synchronous=NORMAL` survives `kill -9` of llmtap (only an OS crash can lose the last commits).
 
 mod browse;
+pub mod chunks;
 pub mod codec;
 mod private;
 mod read;

@@ -75,6 +75,7 @@ impl StoreReader {
         .map_err(|source| StoreError::Open { path, source })?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         super::stable_plans(&conn)?;
+        register_step_text(&conn)?;
         Ok(StoreReader { conn })
     }
 
@@ -106,7 +107,7 @@ impl StoreReader {
                 let mut bytes = 0;
                 while let Some(row) = rows.next()? {
                     let key = (row.get(11)?, row.get(TRACE_SEQ_COLUMN)?);
-                    let trace = trace_from_row(row)?;
+                    let trace = trace_from_row(&self.conn, row)?;
                     bytes += trace.request.as_str().len()
                         + trace.response.as_str().len()
                         + trace.raw_response.as_ref().map_or(0, |r| r.len());
@@ -208,9 +209,10 @@ impl StoreReader {
         {
             let mut body = tx.prepare_cached("SELECT step_id, body FROM steps WHERE seq = ?1")?;
             for key in keys {
-                let row: Option<(String, String)> =
+                let row: Option<(String, SqlValue)> =
                     body.query_row([key.seq], |r| Ok((r.get(0)?, r.get(1)?))).optional()?;
-                if let Some((id, text)) = row {
+                if let Some((id, stored)) = row {
+                    let text = step_text(&id, stored)?;
                     bytes += text.len();
                     page.push((key, id, text));
                 }
@@ -280,7 +282,7 @@ impl StoreReader {
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut rows = stmt.query([id])?;
         match rows.next()? {
-            Some(row) => Ok(Some(trace_from_row(row)?)),
+            Some(row) => Ok(Some(trace_from_row(&self.conn, row)?)),
             None => Ok(None),
         }
     }
@@ -293,7 +295,7 @@ impl StoreReader {
         match rows.next()? {
             Some(row) => {
                 let id: String = row.get(0)?;
-                let body: String = row.get(1)?;
+                let body = step_text(&id, row.get(1)?)?;
                 Ok(Some(serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
                     id,
                     what: e.to_string(),
@@ -372,6 +374,35 @@ impl StoreReader {
     }
 }
 
+/// `step_text(body)` in SQL: a step body's JSON text whether stored compressed or as text (NULL if unreadable),
+/// so that queries can search step contents.
+fn register_step_text(conn: &Connection) -> Result<(), StoreError> {
+    use rusqlite::functions::FunctionFlags;
+    conn.create_scalar_function(
+        "step_text",
+        1,
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| {
+            let stored: SqlValue = ctx.get(0)?;
+            Ok(step_text("", stored).ok())
+        },
+    )?;
+    Ok(())
+}
+
+/// A step's stored JSON: a zstd frame (see `write::upsert_step`), or text in rows written before.
+pub(super) fn step_text(id: &str, stored: SqlValue) -> Result<String, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt {
+        id: id.to_owned(),
+        what: what.to_owned(),
+    };
+    match stored {
+        SqlValue::Text(t) => Ok(t),
+        SqlValue::Blob(b) => decompress(Some(b)).ok_or_else(|| corrupt("unreadable step body")),
+        _ => Err(corrupt("step body is neither text nor a compressed blob")),
+    }
+}
+
 /// A trajectory summary from (trajectory_id, body, system_prompts, tool_definitions).
 pub(super) fn summary_from_row(row: &Row<'_>) -> Result<TrajectorySummary, StoreError> {
     let id: String = row.get(0)?;
@@ -434,7 +465,7 @@ const TRACE_SELECT_WITHOUT_BODIES: &str = "SELECT t.id, t.trajectory_id, t.upstr
     t.cost_reasoning_usd, t.seq, t.session_id
     FROM traces t";
 
-pub(super) fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
+pub(super) fn trace_from_row(conn: &Connection, row: &Row<'_>) -> Result<ProviderTrace, StoreError> {
     let id: String = row.get(0)?;
     let corrupt = |what: String| StoreError::Corrupt { id: id.clone(), what };
     let headers = |s: String| -> Result<Vec<(String, String)>, StoreError> {
@@ -471,7 +502,7 @@ pub(super) fn trace_from_row(row: &Row<'_>) -> Result<ProviderTrace, StoreError>
         request_headers: headers(row.get(17)?)?,
         response_headers: headers(row.get(18)?)?,
         meta,
-        request: JsonText::from_stored(decompress(row.get(20)?)),
+        request: JsonText::from_stored(super::chunks::load_request(conn, row.get(20)?)),
         response: JsonText::from_stored(decompress(row.get(21)?)),
         raw_response: decompress(row.get(22)?),
         facts,
@@ -509,7 +540,8 @@ fn cost_from_row(row: &Row<'_>, first: usize) -> Result<Option<CostBreakdown>, S
 
 /// Delete traces (with their bodies, steps and emptied trajectories) beyond the configured age or count. Counts
 /// what went before export.
-pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: &Metrics) -> Result<(), StoreError> {
+/// Returns how many body chunks went with them (see `chunks.rs`).
+pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: &Metrics) -> Result<u64, StoreError> {
     let mut cutoff_seq: Option<i64> = None;
     if config.retention_days > 0 {
         let cutoff_us = crate::model::exchange::now_micros() - (config.retention_days as i64) * 86_400_000_000;
@@ -529,7 +561,7 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
             .optional()?;
         cutoff_seq = cutoff_seq.max(seq);
     }
-    let Some(cutoff) = cutoff_seq else { return Ok(()) };
+    let Some(cutoff) = cutoff_seq else { return Ok(0) };
     // Cursors are positions in the export log, not in `traces`: a trace is unexported when its call's 'chat'
     // entry lies beyond the slowest sink's cursor. (Comparing trace seqs with cursors mixed two sequences and
     // missed unexported traces as soon as tool and agent entries interleaved with the calls.) No sink, no
@@ -557,6 +589,7 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
         "INSERT INTO retired_traces SELECT id FROM traces WHERE seq <= ?1",
         [cutoff],
     )?;
+    let chunks_deleted = super::chunks::release_retired(&tx)?;
     tx.execute_batch(
         "INSERT INTO retired_steps SELECT step_id FROM steps WHERE trace_id IN (SELECT id FROM retired_traces);
          DELETE FROM trace_bodies WHERE trace_id IN (SELECT id FROM retired_traces);
@@ -570,7 +603,7 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
     let n = tx.execute("DELETE FROM traces WHERE seq <= ?1", [cutoff])?;
     tx.commit()?;
     metrics.evicted.add(n as u64);
-    Ok(())
+    Ok(chunks_deleted)
 }
 
 /// A sink's export position, kept in the store so that a restart resumes where it stopped.

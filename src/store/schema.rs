@@ -121,6 +121,20 @@ fn add_column_if_missing(conn: &Connection, table: &str, column: &str, decl: &st
     Ok(())
 }
 
+/// v5: content-addressed request bodies (see `chunks.rs`). A request body may be a manifest naming rows of
+/// `chunks`; rows written before keep their whole-body form and read as before. `refs` counts the manifests'
+/// references (retention deletes a chunk at zero); `hash` is the SHA-256 of the chunk's text. Steps written
+/// from v5 on keep their JSON as a zstd blob in the same `body` column (older rows: text; SQLite columns take
+/// either).
+const V5: &str = r#"
+CREATE TABLE IF NOT EXISTS chunks (
+    id    INTEGER PRIMARY KEY,
+    hash  BLOB NOT NULL UNIQUE,
+    refs  INTEGER NOT NULL,
+    data  BLOB NOT NULL
+);
+"#;
+
 // v6: `traces.facts`, what the adapter read from each call (`model::trace::CallFacts`, JSON), so that span
 // export reads no bodies. Rows written before have NULL and are read from their bodies again.
 
@@ -145,6 +159,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
         for column in V4_TRACE_COLUMNS {
             add_column_if_missing(conn, "traces", column, "TEXT")?;
         }
+    }
+    if version < 5 {
+        conn.execute_batch(V5)?;
     }
     if version < 6 {
         add_column_if_missing(conn, "traces", "facts", "TEXT")?;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, params};
 
+use super::chunks::{ChunkCache, store_request};
 use super::codec::compress;
 use super::{Record, StoreError};
 use crate::config::StoreConfig;
@@ -70,16 +71,25 @@ const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 /// Retention runs on the writer thread (the only writer): at start, then between batches and on idle seconds
 /// once [`RETENTION_INTERVAL`] has passed, so an llmtap that restarts over a store beyond its limits, or that
 /// stops receiving traffic, still trims it.
-fn retention_when_due(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: &mut Instant) {
+fn retention_when_due(
+    conn: &Connection,
+    config: &StoreConfig,
+    metrics: &Metrics,
+    last: &mut Instant,
+    chunks: &mut ChunkCache,
+) {
     if last.elapsed() >= RETENTION_INTERVAL {
-        retain_now(conn, config, metrics, last);
+        retain_now(conn, config, metrics, last, chunks);
     }
 }
 
-fn retain_now(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: &mut Instant) {
+fn retain_now(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: &mut Instant, chunks: &mut ChunkCache) {
     *last = Instant::now();
-    if let Err(e) = super::read::apply_retention(conn, config, metrics) {
-        metrics.store_error(&e);
+    match super::read::apply_retention(conn, config, metrics) {
+        // Deleted chunks may be remembered by id.
+        Ok(deleted) if deleted > 0 => chunks.forget(),
+        Ok(_) => {}
+        Err(e) => metrics.store_error(&e),
     }
 }
 
@@ -95,7 +105,14 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
     crate::background::run_in_background();
     // At start: a store found over its limits is trimmed before anything new arrives.
     let mut last_retention = Instant::now();
-    retain_now(&conn, &config, &metrics, &mut last_retention);
+    retain_now(
+        &conn,
+        &config,
+        &metrics,
+        &mut last_retention,
+        &mut ChunkCache::default(),
+    );
+    let mut chunks = ChunkCache::default();
     let mut batch = Vec::with_capacity(config.batch_size);
     let mut last_batch: Option<Instant> = None;
     loop {
@@ -104,7 +121,7 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
             Ok(records) => records,
             Err(RecvTimeoutError::Timeout) => {
                 crate::allocator::release_when_idle();
-                retention_when_due(&conn, &config, &metrics, &mut last_retention);
+                retention_when_due(&conn, &config, &metrics, &mut last_retention, &mut chunks);
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,
@@ -127,10 +144,10 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
         let n = batch.len() as u64;
         // Another connection (an exporter moving its cursor) may hold the write lock for longer than the busy
         // timeout when the machine is saturated; waiting longer is better than losing captured records.
-        let mut result = write_batch(&mut conn, &batch);
+        let mut result = write_batch(&mut conn, &batch, &mut chunks);
         for _ in 0..5 {
             match &result {
-                Err(e) if e.is_busy() => result = write_batch(&mut conn, &batch),
+                Err(e) if e.is_busy() => result = write_batch(&mut conn, &batch, &mut chunks),
                 _ => break,
             }
         }
@@ -142,22 +159,31 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
             Err(e) => metrics.store_error(&e),
         }
         batch.clear();
-        retention_when_due(&conn, &config, &metrics, &mut last_retention);
+        retention_when_due(&conn, &config, &metrics, &mut last_retention, &mut chunks);
     }
     let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
 }
 
-fn write_batch(conn: &mut Connection, batch: &[Record]) -> Result<(), StoreError> {
-    let tx = conn.transaction()?;
-    for record in batch {
-        match record {
-            Record::Trace(t) => insert_trace(&tx, t)?,
-            Record::Step(s) => upsert_step(&tx, s)?,
-            Record::Trajectory(t) => upsert_trajectory(&tx, t)?,
+/// One transaction for the batch. `chunks` learns the batch's new chunk ids only once it commits.
+pub(crate) fn write_batch(conn: &mut Connection, batch: &[Record], chunks: &mut ChunkCache) -> Result<(), StoreError> {
+    let result = (|| {
+        let tx = conn.transaction()?;
+        for record in batch {
+            match record {
+                Record::Trace(t) => insert_trace(&tx, t, chunks)?,
+                Record::Step(s) => upsert_step(&tx, s)?,
+                Record::Trajectory(t) => upsert_trajectory(&tx, t)?,
+            }
         }
+        chunks.flush_refs(&tx)?;
+        tx.commit()?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => chunks.committed(),
+        Err(_) => chunks.rolled_back(),
     }
-    tx.commit()?;
-    Ok(())
+    result
 }
 
 /// A value as JSON text for a column. A failure is an error, never an empty string: a row with `""` where JSON
@@ -166,7 +192,7 @@ fn json<T: serde::Serialize + ?Sized>(what: &'static str, value: &T) -> Result<S
     serde_json::to_string(value).map_err(|source| StoreError::Serialize { what, source })
 }
 
-fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(), StoreError> {
+fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace, chunks: &mut ChunkCache) -> Result<(), StoreError> {
     let usage = t.usage.as_ref().map(|u| json("usage", u)).transpose()?;
     let request_headers = json("request headers", &t.request_headers)?;
     let response_headers = json("response headers", &t.response_headers)?;
@@ -212,12 +238,18 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace) -> Result<(),
         ],
     )?;
     let body = |v: &JsonText| (!v.is_null()).then(|| compress(v.as_str()));
+    // Requests repeat the conversation: stored content-addressed (see `chunks.rs`). Responses are new text.
+    let request = if t.request.is_null() {
+        None
+    } else {
+        Some(store_request(tx, chunks, t.request.as_str())?)
+    };
     tx.prepare_cached(
         "INSERT OR REPLACE INTO trace_bodies (trace_id, request, response, raw_response) VALUES (?1, ?2, ?3, ?4)",
     )?
     .execute(params![
         t.id,
-        body(&t.request),
+        request,
         body(&t.response),
         t.raw_response.as_deref().map(compress)
     ])?;
@@ -241,7 +273,9 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreErro
         .or_else(|| chrono::DateTime::parse_from_rfc3339(&s.timestamp).ok())
         .map(|t| t.timestamp_micros())
         .unwrap_or(0);
-    let body = json("step", s)?;
+    // Compressed: a step holds the tool results it observed, the largest part of what a long session stores
+    // besides the bodies (~2.5 KB of text per call in `llmtap-bench bytes`). Rows written before are text.
+    let body = compress(&json("step", s)?);
     // Updates keep the original seq (and so the original export position) of the step.
     tx.prepare_cached(
         "INSERT INTO steps (step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, body)

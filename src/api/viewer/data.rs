@@ -151,7 +151,7 @@ fn head_cost(ctx: &Context, c: &CallHead) -> Value {
     match (&c.model, &c.usage) {
         (Some(model), Some(usage)) => {
             let provider = crate::provider::otel_provider_name(c.api, &c.upstream);
-            cost_json(ctx, &provider, model, c.timings.start, usage)
+            cost_json(ctx, provider, model, c.timings.start, usage)
         }
         _ => Value::Null,
     }
@@ -174,7 +174,7 @@ pub fn call(reader: &StoreReader, ctx: &Context, trace_id: &str) -> Result<Optio
     let t = &trace.timings;
     let provider = crate::provider::otel_provider_name(trace.api, &trace.upstream);
     let cost = match (&trace.model, &trace.usage) {
-        (Some(model), Some(usage)) => cost_json(ctx, &provider, model, t.start, usage),
+        (Some(model), Some(usage)) => cost_json(ctx, provider, model, t.start, usage),
         _ => Value::Null,
     };
     Ok(Some(json!({
@@ -376,7 +376,7 @@ impl Totals {
         self.cache_write += u.cache_write.unwrap_or(0);
         let provider = crate::provider::otel_provider_name(c.api, &c.upstream);
         let priced = match (&ctx.prices, &c.model) {
-            (Some(table), Some(model)) => table.cost(&provider, model, c.timings.start, u).ok(),
+            (Some(table), Some(model)) => table.cost(provider, model, c.timings.start, u).ok(),
             _ => None,
         };
         match priced {

@@ -2,11 +2,14 @@
 //!
 //! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
-//! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session); `--smoke` runs a tiny configuration (CI checks it still runs).
+//! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session), `bytes`
+//! (store bytes per call of a 100-call session), `lossless` (the lossless capture rate); `--smoke` runs a tiny
+//! configuration (CI checks it still runs).
 //! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
 //! OTLP/gRPC receiver that counts spans, for profiling llmtap by hand).
 #![allow(clippy::print_stdout)]
 
+mod capture;
 mod codec;
 mod derive;
 mod proxy;
@@ -53,6 +56,8 @@ fn main() {
             derive::run(calls);
             codec::run(codec_rounds);
             viewer_run(smoke);
+            capture::bytes_per_call(100);
+            capture::lossless(smoke);
         }
         "proxy" => proxy::run(scale, false),
         "latency" => proxy::run(scale, true),
@@ -82,8 +87,12 @@ fn main() {
         "derive-split" => derive::split(calls, 5..15),
         "codec" => codec::run(codec_rounds),
         "viewer" => viewer_run(smoke),
+        "bytes" => capture::bytes_per_call(100),
+        "lossless" => capture::lossless(smoke),
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
-        other => eprintln!("unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec, viewer"),
+        other => eprintln!(
+            "unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec, viewer, bytes, lossless"
+        ),
     }
 }
 

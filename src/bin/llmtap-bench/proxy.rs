@@ -31,6 +31,8 @@ pub struct Scale {
     pub saturation_secs: u64,
     pub saturation_conns: usize,
     pub streams: usize,
+    /// The second, larger steady stream load (0: skipped).
+    pub many_streams: usize,
     pub stream_events: usize,
     pub long_streams: usize,
     /// How many times the long-stream load runs (growth from one run to the next would be a leak).
@@ -45,6 +47,7 @@ pub const FULL: Scale = Scale {
     saturation_secs: 2,
     saturation_conns: 32,
     streams: 100,
+    many_streams: 1_000,
     stream_events: 200,
     long_streams: 1_000,
     memory_runs: 3,
@@ -58,6 +61,7 @@ pub const SMOKE: Scale = Scale {
     saturation_secs: 1,
     saturation_conns: 4,
     streams: 5,
+    many_streams: 20,
     stream_events: 20,
     long_streams: 50,
     memory_runs: 1,
@@ -164,6 +168,40 @@ fn client(conns: usize) -> HttpClient {
         .build(http)
 }
 
+/// One request: (time to first data frame, time to the end, largest gap between two data frames).
+async fn one_gaps(
+    client: &HttpClient,
+    url: &str,
+    body: &Bytes,
+    stream: Option<&str>,
+) -> Option<(Duration, Duration, Duration)> {
+    let mut req = Request::post(url).header("content-type", "application/json");
+    if let Some(s) = stream {
+        req = req.header("x-bench-stream", s);
+    }
+    let req = req.body(Full::new(body.clone())).ok()?;
+    let start = Instant::now();
+    let resp = client.request(req).await.ok()?;
+    let mut body = resp.into_body();
+    let mut first = None;
+    let mut last = None;
+    let mut gap = Duration::ZERO;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.ok()?;
+        if frame.is_data() {
+            let now = start.elapsed();
+            if first.is_none() {
+                first = Some(now);
+            }
+            if let Some(prev) = last {
+                gap = gap.max(now - prev);
+            }
+            last = Some(now);
+        }
+    }
+    Some((first.unwrap_or_default(), start.elapsed(), gap))
+}
+
 async fn one(client: &HttpClient, url: &str, body: &Bytes, stream: Option<&str>) -> Option<(Duration, Duration)> {
     let mut req = Request::post(url).header("content-type", "application/json");
     if let Some(s) = stream {
@@ -209,6 +247,26 @@ async fn latency(url: &str, n: usize, rate: u64) -> Vec<Duration> {
     out
 }
 
+/// `n` requests open loop at `rate`, cycling through `bodies`: how many were answered.
+pub async fn open_loop(url: &str, bodies: &[Bytes], n: usize, rate: u64) -> usize {
+    let client = client(64);
+    let interval = Duration::from_micros(1_000_000 / rate.max(1));
+    let mut ticker = tokio::time::interval(interval);
+    let mut handles = Vec::with_capacity(n);
+    for i in 0..n {
+        ticker.tick().await;
+        let (client, body, url) = (client.clone(), bodies[i % bodies.len().max(1)].clone(), url.to_owned());
+        handles.push(tokio::spawn(
+            async move { one(&client, &url, &body, None).await.is_some() },
+        ));
+    }
+    let mut ok = 0;
+    for h in handles {
+        ok += usize::from(matches!(h.await, Ok(true)));
+    }
+    ok
+}
+
 /// Closed loop with `conns` workers for `secs`: requests per second at saturation.
 async fn saturation(url: &str, conns: usize, secs: u64) -> f64 {
     let client = client(conns);
@@ -233,7 +291,7 @@ async fn saturation(url: &str, conns: usize, secs: u64) -> f64 {
 }
 
 /// `n` concurrent SSE streams on a new client (new connections), all started at once.
-async fn streams(url: &str, n: usize, events: usize, delay_ms: u64) -> Vec<(Duration, Duration)> {
+async fn streams(url: &str, n: usize, events: usize, delay_ms: u64) -> Vec<(Duration, Duration, Duration)> {
     streams_on(&client(n), url, n, events, delay_ms, Duration::ZERO).await
 }
 
@@ -246,7 +304,7 @@ async fn streams_on(
     events: usize,
     delay_ms: u64,
     stagger: Duration,
-) -> Vec<(Duration, Duration)> {
+) -> Vec<(Duration, Duration, Duration)> {
     let body = chat_request_body();
     let spec = format!("{events},{delay_ms}");
     let mut handles = Vec::new();
@@ -256,9 +314,9 @@ async fn streams_on(
             tokio::time::sleep_until(start + stagger * i as u32).await;
         }
         let (client, body, url, spec) = (client.clone(), body.clone(), url.to_owned(), spec.clone());
-        handles.push(tokio::spawn(
-            async move { one(&client, &url, &body, Some(&spec)).await },
-        ));
+        handles.push(tokio::spawn(async move {
+            one_gaps(&client, &url, &body, Some(&spec)).await
+        }));
     }
     let mut out = Vec::new();
     for h in handles {
@@ -321,7 +379,8 @@ pub fn run(scale: &Scale, latency_only: bool) {
         format!("capture kept {} exchanges, dropped {} (queue full)", d.0, d.1)
     };
 
-    let targets: [(&str, String); 4] = [
+    let nginx = Nginx::start(upstream.addr, &dir.join("nginx"));
+    let mut targets: Vec<(&str, String)> = vec![
         ("direct", format!("http://{}/v1/chat/completions", upstream.addr)),
         (
             "bare hyper passthrough",
@@ -336,6 +395,13 @@ pub fn run(scale: &Scale, latency_only: bool) {
             format!("http://{}/bench/v1/chat/completions", tap_on.addr),
         ),
     ];
+    match &nginx {
+        Some(n) => targets.insert(
+            2,
+            ("nginx reverse proxy", format!("http://{}/v1/chat/completions", n.addr)),
+        ),
+        None => println!("  (nginx not found: no nginx reference hop in this run)"),
+    }
     println!("proxy: non-streamed ~2 KB chat completion; upstream, passthrough and llmtap are separate processes;");
     println!("  load generator: Rust hyper client in the bench process (HTTP/1.1 keep-alive). All on loopback.");
 
@@ -366,12 +432,22 @@ pub fn run(scale: &Scale, latency_only: bool) {
         .iter()
         .position(|(name, _)| name.starts_with("bare"))
         .map_or(0.0, |i| rates[i]);
+    let nginx_rate = targets
+        .iter()
+        .position(|(name, _)| name.starts_with("nginx"))
+        .map_or(0.0, |i| rates[i]);
     for (i, (name, _)) in targets.iter().enumerate() {
-        let vs = if bare > 0.0 && name.starts_with("llmtap") {
-            format!("  ({:.0}% of bare passthrough)", 100.0 * rates[i] / bare)
+        let mut vs = if bare > 0.0 && name.starts_with("llmtap") {
+            format!("  ({:.0}% of bare passthrough", 100.0 * rates[i] / bare)
         } else {
             String::new()
         };
+        if !vs.is_empty() {
+            if nginx_rate > 0.0 {
+                vs.push_str(&format!(", {:.2}x nginx", rates[i] / nginx_rate));
+            }
+            vs.push(')');
+        }
         let spread = rounds[i].iter().map(|r| fmt_rate(*r)).collect::<Vec<_>>().join(" ");
         println!("  {name:<26} {:>8} req/s{vs}  [rounds: {spread}]", fmt_rate(rates[i]));
     }
@@ -393,8 +469,8 @@ pub fn run(scale: &Scale, latency_only: bool) {
         scale.rounds,
         stagger.as_secs_f64() * 1e3
     );
-    let mut warm: Vec<Vec<(Duration, Duration)>> = vec![Vec::new(); targets.len()];
-    let mut cold: Vec<Vec<(Duration, Duration)>> = vec![Vec::new(); targets.len()];
+    let mut warm: Vec<Vec<(Duration, Duration, Duration)>> = vec![Vec::new(); targets.len()];
+    let mut cold: Vec<Vec<(Duration, Duration, Duration)>> = vec![Vec::new(); targets.len()];
     for _ in 0..scale.rounds {
         for (i, (_, url)) in targets.iter().enumerate() {
             let c = client(scale.streams);
@@ -406,38 +482,31 @@ pub fn run(scale: &Scale, latency_only: bool) {
         }
     }
     for (label, runs) in [("steady", &warm), ("burst ", &cold)] {
-        let mut direct_streams: Option<(Summary, Summary)> = None;
-        for ((name, _), t) in targets.iter().zip(runs.iter()) {
-            let mut ttfb: Vec<Duration> = t.iter().map(|x| x.0).collect();
-            let mut last: Vec<Duration> = t.iter().map(|x| x.1).collect();
-            let (a, b) = (Summary::of(&mut ttfb), Summary::of(&mut last));
-            let figures = match &direct_streams {
-                Some((da, db)) => format!(
-                    "added TTFB p50 {} p99 {}; last byte p50 {} p99 {}",
-                    fmt_delta_us(a.pct(0.5), da.pct(0.5)),
-                    fmt_delta_us(a.pct(0.99), da.pct(0.99)),
-                    fmt_delta_us(b.pct(0.5), db.pct(0.5)),
-                    fmt_delta_us(b.pct(0.99), db.pct(0.99))
-                ),
-                None => format!(
-                    "TTFB p50 {} p99 {}; last byte p50 {} p99 {}",
-                    a.p50_us(),
-                    a.p99_us(),
-                    b.p50_us(),
-                    b.p99_us()
-                ),
-            };
-            println!("  {label} {name:<26} {figures}");
-            if direct_streams.is_none() {
-                direct_streams = Some((a, b));
-            }
+        print_streams(label, &targets, runs);
+    }
+    // Many streams at once, steady arrivals: what the hop adds to the first token and to the largest gap
+    // between two chunks, against the bare hop.
+    if scale.many_streams > 0 {
+        let stagger = stream_len / scale.many_streams as u32;
+        println!(
+            "streams: {} concurrent SSE streams, steady (one new every {:.2} ms, kept-alive connections), 1 round:",
+            scale.many_streams,
+            stagger.as_secs_f64() * 1e3
+        );
+        let mut many: Vec<Vec<(Duration, Duration, Duration)>> = vec![Vec::new(); targets.len()];
+        for (i, (_, url)) in targets.iter().enumerate() {
+            let c = client(scale.many_streams);
+            // Open the connections first (a burst), then measure the steady load over them.
+            let _ = rt.block_on(streams_on(&c, url, scale.many_streams, 2, 5, Duration::ZERO));
+            many[i] = rt.block_on(streams_on(&c, url, scale.many_streams, scale.stream_events, 5, stagger));
         }
+        print_streams("steady", &targets, &many);
     }
 
     // Memory of llmtap with capture on: the same load of long streams three times. A leak grows RSS from one
     // run to the next; allocator caches and the capture queue's backlog do not.
     let pid = tap_on.child.id();
-    let url = targets[3].1.clone();
+    let url = targets[targets.len() - 1].1.clone();
     println!("memory (llmtap, capture+store+OTLP on):");
     println!("  idle RSS {:.1} MiB", idle_rss as f64 / 1024.0);
     long_stream_runs(&rt, pid, &url, scale);
@@ -463,8 +532,120 @@ pub fn run(scale: &Scale, latency_only: bool) {
         rss_kib(pid) as f64 / 1024.0
     );
     drop(targets);
-    drop((tap_on, tap_off, passthrough, upstream));
+    drop((tap_on, tap_off, passthrough, nginx, upstream));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Per target: TTFB and last byte (against the first target, direct), and what it adds to the first token and
+/// to the largest gap between chunks against the bare hop, p50 / p99 over the streams.
+fn print_streams(label: &str, targets: &[(&str, String)], runs: &[Vec<(Duration, Duration, Duration)>]) {
+    let summaries: Vec<(Summary, Summary, Summary)> = runs
+        .iter()
+        .map(|t| {
+            let mut ttfb: Vec<Duration> = t.iter().map(|x| x.0).collect();
+            let mut last: Vec<Duration> = t.iter().map(|x| x.1).collect();
+            let mut gap: Vec<Duration> = t.iter().map(|x| x.2).collect();
+            (Summary::of(&mut ttfb), Summary::of(&mut last), Summary::of(&mut gap))
+        })
+        .collect();
+    let bare = targets.iter().position(|(n, _)| n.starts_with("bare"));
+    for (i, ((name, _), (a, b, g))) in targets.iter().zip(&summaries).enumerate() {
+        let figures = if i == 0 {
+            format!(
+                "TTFB p50 {} p99 {}; last byte p50 {} p99 {}; largest gap p50 {} p99 {} ({} streams)",
+                a.p50_us(),
+                a.p99_us(),
+                b.p50_us(),
+                b.p99_us(),
+                g.p50_us(),
+                g.p99_us(),
+                runs[i].len()
+            )
+        } else {
+            let (da, db, _) = &summaries[0];
+            let mut f = format!(
+                "added TTFB p50 {} p99 {}; last byte p50 {} p99 {}",
+                fmt_delta_us(a.pct(0.5), da.pct(0.5)),
+                fmt_delta_us(a.pct(0.99), da.pct(0.99)),
+                fmt_delta_us(b.pct(0.5), db.pct(0.5)),
+                fmt_delta_us(b.pct(0.99), db.pct(0.99))
+            );
+            if let Some(bi) = bare.filter(|bi| *bi != i) {
+                let (ba, _, bg) = &summaries[bi];
+                f.push_str(&format!(
+                    "; vs bare: TTFB p50 {} p99 {}, largest gap p50 {} p99 {}",
+                    fmt_delta_us(a.pct(0.5), ba.pct(0.5)),
+                    fmt_delta_us(a.pct(0.99), ba.pct(0.99)),
+                    fmt_delta_us(g.pct(0.5), bg.pct(0.5)),
+                    fmt_delta_us(g.pct(0.99), bg.pct(0.99))
+                ));
+            }
+            f
+        };
+        println!("  {label} {name:<30} {figures}");
+    }
+}
+
+/// nginx (Debian's package) as a plain reverse proxy to the upstream: the reference hop. Two worker processes
+/// (the machine's cores, as llmtap's runtime has), keep-alive to the upstream, no buffering (SSE passes through
+/// as it arrives), no access log. None if nginx is not installed or does not start.
+struct Nginx {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Nginx {
+    fn start(upstream: SocketAddr, dir: &std::path::Path) -> Option<Nginx> {
+        let bin = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())?;
+        std::fs::create_dir_all(dir.join("tmp")).ok()?;
+        // A free port: bound, then released for nginx (nothing else on loopback races for it here).
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?;
+        let d = dir.display();
+        let conf = format!(
+            "worker_processes 2;\nerror_log {d}/error.log error;\npid {d}/nginx.pid;\n\
+             events {{ worker_connections 8192; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}/tmp;\n  proxy_temp_path {d}/tmp;\n\
+               fastcgi_temp_path {d}/tmp;\n  uwsgi_temp_path {d}/tmp;\n  scgi_temp_path {d}/tmp;\n\
+               upstream up {{ server {upstream}; keepalive 256; }}\n\
+               server {{\n    listen {addr} backlog=4096;\n    client_max_body_size 64m;\n\
+                 location / {{ proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; \
+                 proxy_buffering off; proxy_request_buffering off; }}\n  }}\n}}\n"
+        );
+        let path = dir.join("nginx.conf");
+        std::fs::write(&path, conf).ok()?;
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&path)
+            .arg("-p")
+            .arg(dir)
+            .args(["-g", "daemon off;"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .ok()?;
+        let mut nginx = Nginx { child, addr };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return Some(nginx);
+            }
+            if let Ok(Some(_)) = nginx.child.try_wait() {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = nginx.child.kill();
+        None
+    }
+}
+
+impl Drop for Nginx {
+    /// SIGTERM to the master, which stops its workers (SIGKILL would leave them running).
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+    }
 }
 
 /// Added latency: `scale.latency_requests` per target at `scale.latency_rate` open loop, in interleaved rounds;
@@ -485,6 +666,7 @@ fn latency_phase(rt: &tokio::runtime::Runtime, targets: &[(&str, String)], scale
         }
     }
     let mut direct_lat: Option<Summary> = None;
+    let mut p50s = Vec::new();
     for ((name, _), lat) in targets.iter().zip(samples.iter_mut()) {
         let s = Summary::of(lat);
         let added = match &direct_lat {
@@ -502,9 +684,17 @@ fn latency_phase(rt: &tokio::runtime::Runtime, targets: &[(&str, String)], scale
             s.p90_us(),
             s.p99_us()
         );
+        p50s.push((*name, s.pct(0.5)));
         if direct_lat.is_none() {
             direct_lat = Some(s);
         }
+    }
+    let p50 = |prefix: &str| p50s.iter().find(|(n, _)| n.starts_with(prefix)).map(|(_, d)| *d);
+    if let (Some(nginx), Some(on)) = (p50("nginx"), p50("llmtap, capture+store")) {
+        println!(
+            "  llmtap capture+store+OTLP on vs nginx, added p50: {} (target: no more than +50 us)",
+            fmt_delta_us(on, nginx)
+        );
     }
 }
 
@@ -562,18 +752,26 @@ pub fn memory(scale: &Scale) {
 }
 
 /// An upstream, an OTLP receiver and llmtap with capture + store + OTLP export on, for the single-target modes.
-struct CaptureStack {
+pub struct CaptureStack {
     rt: tokio::runtime::Runtime,
     /// Spans the receiver has accepted.
     spans: Arc<std::sync::atomic::AtomicU64>,
-    url: String,
+    pub url: String,
     dir: PathBuf,
     tap: Proc,
     _upstream: Proc,
 }
 
 impl CaptureStack {
-    fn start(mode: &str) -> Option<CaptureStack> {
+    /// A counter or gauge of the llmtap (`name` with its trailing space).
+    pub fn metric(&self, name: &str) -> u64 {
+        metrics_text(self.tap.addr)
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
+    pub fn start(mode: &str) -> Option<CaptureStack> {
         let rt = super::servers::runtime().ok()?;
         let upstream = start_upstream();
         let (otlp_addr, spans) = super::servers::otlp_receiver().ok()?;

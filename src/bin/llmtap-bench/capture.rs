@@ -1,0 +1,268 @@
+//! What capture keeps, and how fast it keeps it:
+//! - `bytes`: bytes the store holds per call for one 100-call agent session (the conversation grows by one
+//!   message per call) against the session's unique content, through the real pipeline and store writer
+//!   (in-process), next to what whole-body storage (each request zstd-compressed on its own) would hold.
+//! - `lossless`: the lossless capture rate: the highest steady request rate at which llmtap (capture + SQLite
+//!   store + OTLP export on, as separate processes) drops no exchange, for the ~2 KB chat completion and for a
+//!   ~30 KB agent request (a 20-turn conversation); rates step up until exchanges are dropped or the proxy
+//!   cannot carry the rate any more.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::json;
+
+use llmtap::capture::{Api, CaptureTx, Captured, ExchangeMeta, Outcome, RawExchange, Timings};
+use llmtap::config::{DeriveConfig, StoreConfig};
+use llmtap::telemetry::Metrics;
+
+use super::stats::fmt_rate;
+
+/// Deterministic text of `words` words, different for each `seed` (an LCG over a small vocabulary: realistic
+/// to compress, unlike a repeated sentence).
+pub fn prose(seed: u64, words: usize) -> String {
+    const VOCAB: [&str; 24] = [
+        "the", "parser", "token", "returns", "error", "when", "input", "ends", "after", "a", "quoted", "string", "fix",
+        "test", "function", "value", "offset", "line", "we", "should", "check", "bounds", "before", "index",
+    ];
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut out = String::with_capacity(words * 7);
+    for i in 0..words {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(VOCAB[(x >> 33) as usize % VOCAB.len()]);
+        if (x >> 20).is_multiple_of(11) {
+            out.push_str(&format!(" {}", (x >> 40) % 1000));
+        }
+    }
+    out
+}
+
+/// Message `i` of agent session `session`: alternately an assistant tool call (~0.3 KB) and its result (~1.7 KB).
+fn message(session: usize, i: usize) -> serde_json::Value {
+    if i.is_multiple_of(2) {
+        json!({"role": "assistant", "content": prose((session * 1000 + i) as u64, 20),
+            "tool_calls": [{"id": format!("call_{session}_{i}"), "type": "function",
+                "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/module_{i}.rs\"}}")}}]})
+    } else {
+        json!({"role": "tool", "tool_call_id": format!("call_{session}_{}", i - 1),
+            "content": prose((session * 1000 + i) as u64, 280)})
+    }
+}
+
+/// The request of agent session `session` carrying `messages` conversation messages after the system prompt
+/// (~5.5 KB) and the user's task, with three tool definitions (~1.5 KB). 20 messages: ~30 KB.
+pub fn agent_request(session: usize, messages: usize) -> String {
+    let mut all = vec![
+        json!({"role": "system", "content": prose(7, 900)}),
+        json!({"role": "user", "content": format!("Session {session}: {}", prose(session as u64, 40))}),
+    ];
+    all.extend((0..messages).map(|i| message(session, i)));
+    let tool = |name: &str, seed: u64| {
+        json!({"type": "function", "function": {"name": name, "description": prose(seed, 60),
+            "parameters": {"type": "object", "properties": {"path": {"type": "string", "description": prose(seed + 1, 20)}}}}})
+    };
+    json!({"model": "gpt-4o", "messages": all,
+        "tools": [tool("read_file", 11), tool("edit_file", 12), tool("run_tests", 13)]})
+    .to_string()
+}
+
+fn agent_response(session: usize, call: usize) -> String {
+    json!({"id": format!("chatcmpl-{session}-{call}"), "object": "chat.completion", "created": 1, "model": "gpt-4o-2024-08-06",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": prose(call as u64 + 99, 20),
+            "tool_calls": [{"id": format!("call_{session}_{call}"), "type": "function",
+                "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/module_{call}.rs\"}}")}}]}}],
+        "usage": {"prompt_tokens": 1000 + 300 * call, "completion_tokens": 40}})
+    .to_string()
+}
+
+fn exchange(id: u128, request: String, response: String, t: i64) -> RawExchange {
+    let captured = |body: String| Captured {
+        headers: [("content-type", "application/json")].into_iter().collect(),
+        len: body.len() as u64,
+        body: [Bytes::from(body)].into(),
+        ended: true,
+        ..Default::default()
+    };
+    RawExchange {
+        id: uuid::Uuid::from_u128(id),
+        upstream: Arc::from("openai"),
+        api: Api::OpenAiChat,
+        method: http::Method::POST,
+        path: "/v1/chat/completions".into(),
+        status: Some(200),
+        request: captured(request),
+        response: Some(captured(response)),
+        timings: Timings {
+            start: t,
+            first_byte: Some(t + 300_000),
+            end: t + 400_000,
+        },
+        outcome: Outcome::Complete,
+        error: None,
+        meta: ExchangeMeta::default(),
+        charge: Default::default(),
+    }
+}
+
+/// Bytes stored per call for one `calls`-call session through the real pipeline and store writer.
+pub fn bytes_per_call(calls: usize) {
+    let dir = std::env::temp_dir().join(format!("llmtap-bench-bytes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let metrics = Arc::new(Metrics::default());
+    let Ok(conn) = llmtap::store::open(&dir) else { return };
+    let Ok((store_tx, store_thread)) = llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone())
+    else {
+        return;
+    };
+    let (tx, rx) = CaptureTx::channel(&llmtap::config::CaptureConfig::default(), metrics.clone());
+    let Ok(pipeline) = llmtap::pipeline::spawn(
+        rx,
+        store_tx,
+        llmtap::pipeline::Settings {
+            derive: DeriveConfig::default(),
+            body_cap: usize::MAX,
+            prices: match llmtap::cost::CostTable::embedded() {
+                Ok(t) => t,
+                Err(_) => return,
+            },
+        },
+        metrics.clone(),
+        None,
+        Default::default(),
+    ) else {
+        return;
+    };
+    let t0 = llmtap::capture::now_micros();
+    let (mut sent, mut whole) = (0usize, 0usize);
+    let mut unique = 0usize;
+    for call in 0..calls {
+        // Call `call` carries every message so far: the conversation grows by one message per call.
+        let request = agent_request(1, call);
+        let response = agent_response(1, call);
+        sent += request.len() + response.len();
+        whole += llmtap::store::codec::compress(&request).len() + llmtap::store::codec::compress(&response).len();
+        unique += response.len();
+        if call + 1 == calls {
+            unique += request.len();
+        }
+        tx.try_send(exchange(call as u128, request, response, t0 + call as i64 * 1_000_000));
+        // One at a time, as an agent calls: each call's records reach the store before the next.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while metrics.processed.get() < call as u64 + 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    drop(tx);
+    let _ = pipeline.join();
+    let _ = store_thread.join();
+    let Ok(db) = llmtap::store::open(&dir) else { return };
+    let _ = db.pragma_update(None, "wal_checkpoint", "TRUNCATE");
+    let _ = db.execute_batch("VACUUM");
+    let pages = |p: &str| db.pragma_query_value(None, p, |r| r.get::<_, i64>(0)).unwrap_or(0);
+    let file = (pages("page_count") * pages("page_size")) as usize;
+    let sum = |sql: &str| db.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap_or(0) as usize;
+    let bodies = sum("SELECT COALESCE(SUM(LENGTH(request)) + SUM(LENGTH(response)), 0) FROM trace_bodies")
+        + sum("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM chunks");
+    let chunks = sum("SELECT COUNT(*) FROM chunks");
+    let n = calls.max(1);
+    println!(
+        "store, one {calls}-call agent session growing by one message per call (last request {} KB), bytes per call:",
+        agent_request(1, calls.saturating_sub(1)).len() / 1024
+    );
+    println!("  sent by the client (request + response)   {:>8}", sent / n);
+    println!(
+        "  unique content (every distinct message once + responses) {:>8}",
+        unique / n
+    );
+    println!(
+        "  stored: whole SQLite file {:>8} ({:.2}x unique content); bodies {} ({chunks} chunks); \
+         whole-body zstd would be {:>8} ({:.1}x)",
+        file / n,
+        file as f64 / unique.max(1) as f64,
+        bodies / n,
+        whole / n,
+        whole as f64 / unique.max(1) as f64
+    );
+    if std::env::var_os("LLMTAP_BENCH_KEEP").is_some() {
+        println!("  kept {}", dir.display());
+        return;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The lossless capture rate for each workload: rates step up until exchanges are dropped or the achieved rate
+/// falls short of the target (the proxy's own limit here).
+pub fn lossless(smoke: bool) {
+    let Ok(rt) = super::servers::runtime() else {
+        return;
+    };
+    let (secs, rates): (f64, Vec<u64>) = if smoke {
+        (1.0, vec![100, 200])
+    } else {
+        (
+            5.0,
+            vec![
+                1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 8_000, 10_000, 12_000, 15_000, 20_000,
+            ],
+        )
+    };
+    for (label, bodies) in [
+        ("~2 KB chat completion", vec![super::servers::chat_request_body()]),
+        (
+            "~30 KB agent request (20-turn conversation, 100 sessions)",
+            (0..100).map(|s| Bytes::from(agent_request(s, 20))).collect(),
+        ),
+    ] {
+        let Some(stack) = super::proxy::CaptureStack::start("lossless") else {
+            return;
+        };
+        println!(
+            "lossless capture rate, {label} ({} B request), capture + store + OTLP on, {secs} s per rate:",
+            bodies[0].len()
+        );
+        let mut best = None;
+        let mut seen_dropped = 0;
+        for &rate in &rates {
+            let n = (rate as f64 * secs) as usize;
+            let t0 = Instant::now();
+            let ok = rt.block_on(super::proxy::open_loop(&stack.url, &bodies, n, rate));
+            let elapsed = t0.elapsed().as_secs_f64();
+            let achieved = ok as f64 / elapsed;
+            // Carried: every request answered, and the last one within a quarter second of the schedule's end
+            // (an open-loop generator against a saturated proxy finishes late, with requests queued).
+            let carried = ok == n && elapsed <= secs * 1.05 + 0.25;
+            // Let the pipeline catch up: what is still queued may yet be dropped by trajectory.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while stack.metric("llmtap_capture_queue_bytes ") > 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let dropped_total = stack.metric("llmtap_capture_dropped_total ");
+            let dropped = dropped_total - seen_dropped;
+            seen_dropped = dropped_total;
+            println!(
+                "  {:>7} req/s target: {:>7} req/s achieved, {ok} of {n} answered, {dropped} dropped",
+                fmt_rate(rate as f64),
+                fmt_rate(achieved)
+            );
+            if dropped > 0 {
+                break;
+            }
+            if !carried {
+                println!("  (the proxy cannot carry this rate here: capture kept up with its saturation)");
+                break;
+            }
+            best = Some(rate);
+        }
+        match best {
+            Some(r) => println!("  lossless capture rate: {} exchanges/s", fmt_rate(r as f64)),
+            None => println!(
+                "  lossless capture rate: below {} exchanges/s",
+                fmt_rate(rates[0] as f64)
+            ),
+        }
+    }
+}
