@@ -18,19 +18,6 @@ use serde_json::Value;
 
 const KEY: &str = "sk-proj-CLIENTSECRET-agents-sdk";
 
-fn dump(up: &Scripted) -> String {
-    up.sent()
-        .iter()
-        .map(|s| {
-            format!(
-                "#{} {} {} streamed={} tool={:?}",
-                s.n, s.method, s.path, s.streamed, s.tool
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_sdk_tool_and_handoff_on_responses_and_chat() {
     let up = Scripted::start().await;
@@ -43,7 +30,7 @@ async fn agents_sdk_tool_and_handoff_on_responses_and_chat() {
         .env("OPENAI_API_KEY", KEY)
         .env("OPENAI_AGENTS_DISABLE_TRACING", "1");
     let run = run_client(cmd, 60).await;
-    eprintln!("agents sdk: {:.1} s\n{}", run.secs, dump(&up));
+    eprintln!("agents sdk: {:.1} s\n{}", run.secs, up.dump());
     let out: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
     for name in ["responses_tool", "responses_handoff", "chat_tool", "chat_handoff"] {
         assert_eq!(out[name]["final_output"], SCRIPTED_TEXT, "{name}: {out:#}");
@@ -54,7 +41,7 @@ async fn agents_sdk_tool_and_handoff_on_responses_and_chat() {
 
     // Per run: a tool call then text; a handoff call then the specialist's text.
     let calls = up.model_calls();
-    assert_eq!(calls.len(), 8, "{}", dump(&up));
+    assert_eq!(calls.len(), 8, "{}", up.dump());
     let tools: Vec<Option<&str>> = calls.iter().map(|s| s.tool.as_deref()).collect();
     assert_eq!(
         tools,

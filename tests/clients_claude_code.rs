@@ -95,24 +95,6 @@ async fn setup() -> Option<(Scripted, tempfile::TempDir, Llmtap, PathBuf)> {
     Some((up, dir, tap, bin))
 }
 
-fn dump(up: &Scripted) -> String {
-    up.sent()
-        .iter()
-        .map(|s| {
-            format!(
-                "#{} {} {} {} tool={:?} msgs={}",
-                s.n,
-                s.method,
-                s.path,
-                s.status,
-                s.tool,
-                s.request["messages"].as_array().map_or(0, Vec::len)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// `claude -p --output-format json` printed one result object.
 fn result_of(run: &Run) -> Value {
     serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
@@ -164,7 +146,7 @@ async fn claude_code_plain_run_is_captured_with_its_tool_round() {
     };
     let env = Env::new(&tap);
     let run = run_client(env.claude(&bin, &["Say hi using the shell."]), 60).await;
-    eprintln!("claude -p: {:.1} s\n{}", run.secs, dump(&up));
+    eprintln!("claude -p: {:.1} s\n{}", run.secs, up.dump());
     let out = result_of(&run);
     assert_eq!(out["result"], SCRIPTED_TEXT, "{out:#}");
     assert_eq!(out["num_turns"], 2);
@@ -174,7 +156,7 @@ async fn claude_code_plain_run_is_captured_with_its_tool_round() {
         .into_iter()
         .filter(|s| s.request.to_string().contains("Say hi using the shell."))
         .collect();
-    assert_eq!(main_calls.len(), 2, "{}", dump(&up));
+    assert_eq!(main_calls.len(), 2, "{}", up.dump());
     assert_eq!(main_calls[0].tool.as_deref(), Some("Bash"));
     assert_eq!(main_calls[1].tool, None);
     // The usage Claude Code reports is the sum of what the upstream sent through llmtap.
@@ -230,7 +212,7 @@ async fn task_subagent_run() -> Option<(Scripted, tempfile::TempDir, Llmtap, Str
     let (up, dir, tap, bin) = setup().await?;
     let env = Env::new(&tap);
     let run = run_client(env.claude(&bin, &["[[tool:Task]] Delegate saying hi to a helper."]), 60).await;
-    eprintln!("claude -p (Task): {:.1} s\n{}", run.secs, dump(&up));
+    eprintln!("claude -p (Task): {:.1} s\n{}", run.secs, up.dump());
     let out = result_of(&run);
     assert_eq!(out["result"], SCRIPTED_TEXT, "{out:#}");
     let delegated: Vec<_> = up
@@ -238,7 +220,7 @@ async fn task_subagent_run() -> Option<(Scripted, tempfile::TempDir, Llmtap, Str
         .into_iter()
         .filter(|s| s.tool.as_deref() == Some("Agent") || s.tool.as_deref() == Some("Task"))
         .collect();
-    assert_eq!(delegated.len(), 1, "{}", dump(&up));
+    assert_eq!(delegated.len(), 1, "{}", up.dump());
     let sub_calls: Vec<_> = up
         .model_calls()
         .into_iter()
@@ -252,7 +234,7 @@ async fn task_subagent_run() -> Option<(Scripted, tempfile::TempDir, Llmtap, Str
         sub_calls.len(),
         2,
         "the sub-agent's Bash round and its answer: {}",
-        dump(&up)
+        up.dump()
     );
     up.assert_captured(&tap);
 
@@ -354,7 +336,7 @@ async fn claude_code_continue_resumes_the_conversation() {
         "claude -p: {:.1} s, --continue: {:.1} s\n{}",
         first.secs,
         second.secs,
-        dump(&up)
+        up.dump()
     );
     let (a, b) = (result_of(&first), result_of(&second));
     assert_eq!(
@@ -373,7 +355,7 @@ async fn claude_code_continue_resumes_the_conversation() {
         resumed.len(),
         2,
         "the resumed run sends the first run's history: {}",
-        dump(&up)
+        up.dump()
     );
     up.assert_captured(&tap);
 

@@ -26,19 +26,6 @@ fn script(tap: &Llmtap) -> Command {
     cmd
 }
 
-fn dump(up: &Scripted) -> String {
-    up.sent()
-        .iter()
-        .map(|s| {
-            format!(
-                "#{} {} {} streamed={} tool={:?}",
-                s.n, s.method, s.path, s.streamed, s.tool
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// Trajectories holding a user step with `text`, each with its steps.
 fn trajectories_with(tap: &Llmtap, text: &str) -> Vec<(String, Vec<Value>)> {
     let mut by_traj: BTreeMap<String, Vec<Value>> = BTreeMap::new();
@@ -64,7 +51,7 @@ async fn google_genai_function_calling_generate_and_stream() {
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
     let run = run_client(script(&tap), 60).await;
-    eprintln!("google-genai: {:.1} s\n{}", run.secs, dump(&up));
+    eprintln!("google-genai: {:.1} s\n{}", run.secs, up.dump());
     let out: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
     assert_eq!(out["generate"], SCRIPTED_TEXT);
     assert_eq!(out["stream"], SCRIPTED_TEXT);
@@ -74,7 +61,7 @@ async fn google_genai_function_calling_generate_and_stream() {
         tools,
         [Some("get_weather"), None, Some("get_weather"), None],
         "{}",
-        dump(&up)
+        up.dump()
     );
     assert_eq!(
         calls.iter().map(|s| s.streamed).collect::<Vec<_>>(),

@@ -19,19 +19,6 @@ use serde_json::{Value, json};
 
 const KEY: &str = "sk-CLIENTSECRET-vercel-ai";
 
-fn dump(up: &Scripted) -> String {
-    up.sent()
-        .iter()
-        .map(|s| {
-            format!(
-                "#{} {} {} streamed={} tool={:?}",
-                s.n, s.method, s.path, s.streamed, s.tool
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 fn vercel_ai(tap: &Llmtap) -> Command {
     let mut cmd = Command::new("node");
     cmd.current_dir(node_clients_dir())
@@ -51,7 +38,7 @@ async fn vercel_ai_multi_step_tool_loops() {
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
     let cmd = vercel_ai(&tap);
     let run = run_client(cmd, 60).await;
-    eprintln!("vercel ai: {:.1} s\n{}", run.secs, dump(&up));
+    eprintln!("vercel ai: {:.1} s\n{}", run.secs, up.dump());
     let out: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
 
     // (run, prompt marker, tool rounds)
@@ -68,7 +55,7 @@ async fn vercel_ai_multi_step_tool_loops() {
         assert_eq!(r["tool_calls"], json!(vec!["weather"; rounds]), "{name}");
     }
     let calls = up.model_calls();
-    assert_eq!(calls.len(), 2 + 3 + 2 + 2, "{}", dump(&up));
+    assert_eq!(calls.len(), 2 + 3 + 2 + 2, "{}", up.dump());
     let traces = up.assert_captured(&tap);
     // What the SDK summed over the loop is what the upstream reported, call by call.
     for (name, marker, _) in runs {
@@ -144,7 +131,7 @@ async fn vercel_ai_identical_runs_are_separate_trajectories() {
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
     run_client(vercel_ai(&tap), 60).await;
     run_client(vercel_ai(&tap), 60).await;
-    assert_eq!(up.model_calls().len(), 18, "{}", dump(&up));
+    assert_eq!(up.model_calls().len(), 18, "{}", up.dump());
     up.assert_captured(&tap);
     let steps = tap.export("steps", &[]);
     let sessions = tap.sessions_json();

@@ -173,6 +173,20 @@ impl Scripted {
         self.sent.lock().unwrap().clone()
     }
 
+    /// One line per answer sent, for assertion messages.
+    pub fn dump(&self) -> String {
+        self.sent()
+            .iter()
+            .map(|s| {
+                format!(
+                    "#{} {} {} streamed={} tool={:?}",
+                    s.n, s.method, s.path, s.streamed, s.tool
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The model calls only (side endpoints left out).
     pub fn model_calls(&self) -> Vec<Sent> {
         self.sent().into_iter().filter(|s| s.usage.is_some()).collect()
