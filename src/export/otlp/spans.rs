@@ -144,6 +144,83 @@ fn cost_attributes(attrs: &mut Vec<KeyValue>, cost: &crate::model::cost::CostBre
     }
 }
 
+fn usage_attributes(attrs: &mut Vec<KeyValue>, u: &crate::model::usage::Usage) {
+    attrs.push(i(sc::GEN_AI_USAGE_INPUT_TOKENS, u.input));
+    attrs.push(i(sc::GEN_AI_USAGE_OUTPUT_TOKENS, u.output));
+    if let Some(v) = u.cache_read {
+        attrs.push(i(sc::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, v));
+    }
+    if let Some(v) = u.cache_write {
+        attrs.push(i(sc::GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, v));
+    }
+    if let Some(v) = u.reasoning {
+        attrs.push(i(sc::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, v));
+    }
+}
+
+/// The response's facts; the span's error status when the provider answered with an error.
+fn facts_attributes(attrs: &mut Vec<KeyValue>, c: &CallFacts) -> Option<Status> {
+    if let Some(m) = &c.model_response {
+        attrs.push(s(sc::GEN_AI_RESPONSE_MODEL, m.clone()));
+    }
+    if let Some(id) = &c.response_id {
+        attrs.push(s(sc::GEN_AI_RESPONSE_ID, id.clone()));
+    }
+    if let Some(fr) = c.finish_reason {
+        attrs.push(strings(sc::GEN_AI_RESPONSE_FINISH_REASONS, &[fr.as_str().to_owned()]));
+    }
+    if let Some(m) = c.max_output_tokens {
+        attrs.push(i(sc::GEN_AI_REQUEST_MAX_TOKENS, m));
+    }
+    c.error.as_ref().map(|e| {
+        attrs.push(s(sc::ERROR_TYPE, e.kind.clone()));
+        Status {
+            code: StatusCode::Error as i32,
+            message: e.message.chars().take(512).collect(),
+        }
+    })
+}
+
+/// Prompt, output and tool definitions (opt-in: `capture_content`).
+fn content_attributes(attrs: &mut Vec<KeyValue>, c: &NormalizedCall) {
+    if let Some(sys) = &c.system {
+        attrs.push(s(
+            sc::GEN_AI_SYSTEM_INSTRUCTIONS,
+            json!([{"type": "text", "content": sys}]).to_string(),
+        ));
+    }
+    attrs.push(s(sc::GEN_AI_INPUT_MESSAGES, otel_messages(&c.messages).to_string()));
+    let out = crate::derive::identity::output_as_message(&c.output);
+    let out = json!([{"role": "assistant", "parts": otel_parts(&out.parts),
+        "finish_reason": c.finish_reason.map(|f| f.as_str())}]);
+    attrs.push(s(sc::GEN_AI_OUTPUT_MESSAGES, out.to_string()));
+    if !c.tools.is_empty() {
+        attrs.push(s(
+            sc::GEN_AI_TOOL_DEFINITIONS,
+            serde_json::to_string(&c.tools).unwrap_or_default(),
+        ));
+    }
+}
+
+/// What derivation knows about the call's step.
+fn step_attributes(attrs: &mut Vec<KeyValue>, st: &Step) {
+    attrs.push(i(sc::LLMTAP_STEP_INDEX, st.step_index as u64));
+    if let Some(ct) = st.call_type {
+        attrs.push(s(sc::LLMTAP_CALL_TYPE, ct.as_str()));
+    }
+    if let Some(p) = st.purpose {
+        attrs.push(s(sc::LLMTAP_PURPOSE, p.as_str()));
+    }
+    attrs.push(i(sc::LLMTAP_PREFIX_REUSE_TOKENS, st.token_usage.prefix_reuse_tokens));
+    attrs.push(b(
+        sc::LLMTAP_PREFIX_REUSE_ESTIMATED,
+        st.token_usage.prefix_reuse_estimated,
+    ));
+    if let Some(r) = &st.agent_role {
+        attrs.push(s(sc::LLMTAP_AGENT_ROLE, r.clone()));
+    }
+}
+
 fn otel_messages(messages: &[Message]) -> Value {
     Value::Array(
         messages
@@ -284,61 +361,17 @@ impl<'a> SpanBuilder<'a> {
             ));
         }
         let mut status = Status::default();
-        if let Some(u) = trace.usage {
-            attrs.push(i(sc::GEN_AI_USAGE_INPUT_TOKENS, u.input));
-            attrs.push(i(sc::GEN_AI_USAGE_OUTPUT_TOKENS, u.output));
-            if let Some(v) = u.cache_read {
-                attrs.push(i(sc::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, v));
-            }
-            if let Some(v) = u.cache_write {
-                attrs.push(i(sc::GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, v));
-            }
-            if let Some(v) = u.reasoning {
-                attrs.push(i(sc::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, v));
-            }
+        if let Some(u) = &trace.usage {
+            usage_attributes(&mut attrs, u);
         }
         if let Some(cost) = &trace.cost {
             cost_attributes(&mut attrs, cost);
         }
-        if let Some(c) = &facts {
-            if let Some(m) = &c.model_response {
-                attrs.push(s(sc::GEN_AI_RESPONSE_MODEL, m.clone()));
-            }
-            if let Some(id) = &c.response_id {
-                attrs.push(s(sc::GEN_AI_RESPONSE_ID, id.clone()));
-            }
-            if let Some(fr) = c.finish_reason {
-                attrs.push(strings(sc::GEN_AI_RESPONSE_FINISH_REASONS, &[fr.as_str().to_owned()]));
-            }
-            if let Some(m) = c.max_output_tokens {
-                attrs.push(i(sc::GEN_AI_REQUEST_MAX_TOKENS, m));
-            }
-            if let Some(e) = &c.error {
-                status = Status {
-                    code: StatusCode::Error as i32,
-                    message: e.message.chars().take(512).collect(),
-                };
-                attrs.push(s(sc::ERROR_TYPE, e.kind.clone()));
-            }
+        if let Some(error) = facts.as_ref().and_then(|c| facts_attributes(&mut attrs, c)) {
+            status = error;
         }
         if let (true, Some(c)) = (self.capture_content, &content) {
-            if let Some(sys) = &c.system {
-                attrs.push(s(
-                    sc::GEN_AI_SYSTEM_INSTRUCTIONS,
-                    json!([{"type": "text", "content": sys}]).to_string(),
-                ));
-            }
-            attrs.push(s(sc::GEN_AI_INPUT_MESSAGES, otel_messages(&c.messages).to_string()));
-            let out = crate::derive::identity::output_as_message(&c.output);
-            let out = json!([{"role": "assistant", "parts": otel_parts(&out.parts),
-                "finish_reason": c.finish_reason.map(|f| f.as_str())}]);
-            attrs.push(s(sc::GEN_AI_OUTPUT_MESSAGES, out.to_string()));
-            if !c.tools.is_empty() {
-                attrs.push(s(
-                    sc::GEN_AI_TOOL_DEFINITIONS,
-                    serde_json::to_string(&c.tools).unwrap_or_default(),
-                ));
-            }
+            content_attributes(&mut attrs, c);
         }
         if status.code != StatusCode::Error as i32
             && (trace.outcome == crate::model::exchange::Outcome::UpstreamError
@@ -355,21 +388,7 @@ impl<'a> SpanBuilder<'a> {
             attrs.push(s(sc::ERROR_TYPE, kind));
         }
         if let Some(st) = step {
-            attrs.push(i(sc::LLMTAP_STEP_INDEX, st.step_index as u64));
-            if let Some(ct) = st.call_type {
-                attrs.push(s(sc::LLMTAP_CALL_TYPE, ct.as_str()));
-            }
-            if let Some(p) = st.purpose {
-                attrs.push(s(sc::LLMTAP_PURPOSE, p.as_str()));
-            }
-            attrs.push(i(sc::LLMTAP_PREFIX_REUSE_TOKENS, st.token_usage.prefix_reuse_tokens));
-            attrs.push(b(
-                sc::LLMTAP_PREFIX_REUSE_ESTIMATED,
-                st.token_usage.prefix_reuse_estimated,
-            ));
-            if let Some(r) = &st.agent_role {
-                attrs.push(s(sc::LLMTAP_AGENT_ROLE, r.clone()));
-            }
+            step_attributes(&mut attrs, st);
         }
         Ok(Span {
             trace_id,
