@@ -65,36 +65,83 @@ fn filter(select: &Selection, limit: Option<u64>) -> Result<TraceFilter> {
     })
 }
 
+/// Run the proxy until SIGTERM/SIGINT.
+fn serve(store: StoreArgs, listen: Option<String>) -> Result<()> {
+    let config = resolve_config(&store, listen)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // A worker that runs out of work sends the exchanges it captured (see capture::handoff) and, now
+        // and then, gives back memory other threads freed in its pages (see allocator).
+        .on_thread_park(|| {
+            llmtap::capture::handoff::send_pending();
+            llmtap::allocator::release_on_tick();
+        })
+        .build()?;
+    let workers = rt.metrics().num_workers();
+    let served = rt.block_on(async move {
+        llmtap::allocator::spawn_idle_wakers(workers);
+        let shutdown = CancellationToken::new();
+        let signal = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("Shutdown signal received; finishing in-flight exchanges");
+            signal.cancel();
+        });
+        llmtap::app::run(config, shutdown).await
+    });
+    // Blocking tasks still running (an API reader on a stalled client) must not hold the exit up:
+    // everything that matters has been stored by now.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    Ok(served?)
+}
+
+/// `llmtap traces`: one line (or JSON object, bodies left out) per captured call.
+fn list_traces(store: StoreArgs, select: Selection, limit: Option<u64>, json: bool) -> Result<()> {
+    let config = resolve_config(&store, None)?;
+    let reader = StoreReader::open(&config.data_dir)?;
+    let mut out = std::io::stdout().lock();
+    if !json {
+        writeln!(
+            out,
+            "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9} {:<28} {:>10} {:<20}",
+            "ID", "UPSTREAM", "API", "STATUS", "OUTCOME", "MS", "MODEL", "COST", "TRAJECTORY"
+        )?;
+    }
+    reader.for_each_trace(&filter(&select, limit)?, |t| {
+        let line = if json {
+            let mut v = t.to_export_json();
+            if let Some(o) = v.as_object_mut() {
+                o.remove("request");
+                o.remove("response");
+            }
+            v.to_string()
+        } else {
+            format!(
+                "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9.1} {:<28} {:>10} {:<20}",
+                t.id,
+                t.upstream,
+                t.api.as_str(),
+                t.status.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+                t.outcome.as_str(),
+                (t.timings.end - t.timings.start) as f64 / 1000.0,
+                t.model.as_deref().unwrap_or("-"),
+                match (&t.cost, &t.model) {
+                    (Some(c), _) => c.display_total(),
+                    (None, Some(_)) => "unknown".into(),
+                    (None, None) => "-".into(),
+                },
+                t.trajectory_id.as_deref().unwrap_or("-")
+            )
+        };
+        let _ = writeln!(out, "{line}");
+        Ok(())
+    })?;
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Serve { store, listen } => {
-            let config = resolve_config(&store, listen)?;
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                // A worker that runs out of work sends the exchanges it captured (see capture::handoff) and, now
-                // and then, gives back memory other threads freed in its pages (see allocator).
-                .on_thread_park(|| {
-                    llmtap::capture::handoff::send_pending();
-                    llmtap::allocator::release_on_tick();
-                })
-                .build()?;
-            let workers = rt.metrics().num_workers();
-            let served = rt.block_on(async move {
-                llmtap::allocator::spawn_idle_wakers(workers);
-                let shutdown = CancellationToken::new();
-                let signal = shutdown.clone();
-                tokio::spawn(async move {
-                    wait_for_signal().await;
-                    tracing::info!("Shutdown signal received; finishing in-flight exchanges");
-                    signal.cancel();
-                });
-                llmtap::app::run(config, shutdown).await
-            });
-            // Blocking tasks still running (an API reader on a stalled client) must not hold the exit up:
-            // everything that matters has been stored by now.
-            rt.shutdown_timeout(std::time::Duration::from_secs(1));
-            served?;
-        }
+        Command::Serve { store, listen } => serve(store, listen)?,
         Command::CheckConfig { config } => {
             let c = load_config(config.as_ref())?.validate()?;
             c.price_table()?;
@@ -127,47 +174,7 @@ fn run(cli: Cli) -> Result<()> {
             select,
             limit,
             json,
-        } => {
-            let config = resolve_config(&store, None)?;
-            let reader = StoreReader::open(&config.data_dir)?;
-            let mut out = std::io::stdout().lock();
-            if !json {
-                writeln!(
-                    out,
-                    "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9} {:<28} {:>10} {:<20}",
-                    "ID", "UPSTREAM", "API", "STATUS", "OUTCOME", "MS", "MODEL", "COST", "TRAJECTORY"
-                )?;
-            }
-            reader.for_each_trace(&filter(&select, limit)?, |t| {
-                let line = if json {
-                    let mut v = t.to_export_json();
-                    if let Some(o) = v.as_object_mut() {
-                        o.remove("request");
-                        o.remove("response");
-                    }
-                    v.to_string()
-                } else {
-                    format!(
-                        "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9.1} {:<28} {:>10} {:<20}",
-                        t.id,
-                        t.upstream,
-                        t.api.as_str(),
-                        t.status.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
-                        t.outcome.as_str(),
-                        (t.timings.end - t.timings.start) as f64 / 1000.0,
-                        t.model.as_deref().unwrap_or("-"),
-                        match (&t.cost, &t.model) {
-                            (Some(c), _) => c.display_total(),
-                            (None, Some(_)) => "unknown".into(),
-                            (None, None) => "-".into(),
-                        },
-                        t.trajectory_id.as_deref().unwrap_or("-")
-                    )
-                };
-                let _ = writeln!(out, "{line}");
-                Ok(())
-            })?;
-        }
+        } => list_traces(store, select, limit, json)?,
         Command::Export {
             store,
             select,
