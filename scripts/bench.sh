@@ -7,8 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The smoke run only checks that the benchmark still works: it uses the test profile's build, which CI has
 # just made for `cargo test`, instead of a release build of its own (half of CI's time). Figures need release.
+# `--all-targets` resolves features as `cargo test` did (dev-dependencies included), so nothing is rebuilt.
 if [[ " $* " == *" --smoke "* ]]; then
-  cargo build --locked --bin llmtap --bin llmtap-bench
+  cargo build --locked --all-targets
   exec target/debug/llmtap-bench "$@"
 fi
 cargo build --release --locked --bin llmtap --bin llmtap-bench
