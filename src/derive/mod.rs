@@ -40,6 +40,12 @@ use prefix::LastCall;
 use state::{CallFacts, Origin, State, Trajectory};
 use steps::{StepBase, StepIndexes};
 
+/// The most trajectories kept open at once. Every open trajectory holds its steps and outstanding calls until its
+/// idle timeout (30 minutes by default), so a flood of one-shot calls (each its own run) would otherwise hold
+/// memory for all of them; beyond this the least recently seen are closed early, as if idle (a later call of a
+/// closed conversation finds it again by its root, like a call seen after the timeout).
+pub const MAX_OPEN_TRAJECTORIES: usize = 10_000;
+
 pub struct Deriver {
     config: DeriveConfig,
     state: State,
@@ -178,7 +184,8 @@ impl Deriver {
         steps
     }
 
-    /// Close trajectories idle for longer than the configured timeout, in id order.
+    /// Close trajectories idle for longer than the configured timeout, in id order; then, while more than
+    /// `MAX_OPEN_TRAJECTORIES` are open, the least recently seen ones.
     pub fn close_idle(&mut self, now: UnixMicros) -> Vec<Record> {
         let idle_us = self.config.idle_timeout.as_micros() as i64;
         let mut idle: Vec<String> = self
@@ -189,7 +196,21 @@ impl Deriver {
             .map(|(id, _)| id.clone())
             .collect();
         idle.sort_unstable();
-        idle.into_iter().flat_map(|id| self.close(&id)).collect()
+        let mut out: Vec<Record> = idle.into_iter().flat_map(|id| self.close(&id)).collect();
+        let over = self.state.trajectories.len().saturating_sub(MAX_OPEN_TRAJECTORIES);
+        if over > 0 {
+            let mut oldest: Vec<(UnixMicros, String)> = self
+                .state
+                .trajectories
+                .iter()
+                .map(|(id, t)| (t.last_seen_us, id.clone()))
+                .collect();
+            oldest.sort_unstable();
+            for (_, id) in oldest.into_iter().take(over) {
+                out.extend(self.close(&id));
+            }
+        }
+        out
     }
 
     /// Close every open trajectory (at shutdown), in id order.
@@ -620,6 +641,27 @@ mod tests {
         let closed = split_all(h.deriver.close_all());
         let no_result: Vec<_> = closed.iter().filter(|r| matches!(r, Record::Step(_))).collect();
         assert!(no_result.is_empty());
+    }
+
+    #[test]
+    fn beyond_the_open_limit_the_least_recently_seen_trajectories_close() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let mut first = None;
+        for n in 0..=super::MAX_OPEN_TRAJECTORIES {
+            let out = h.send(call("", vec![user(&format!("task {n}"))], text_out("done")));
+            first.get_or_insert(out.trajectory_id);
+        }
+        assert_eq!(h.deriver.state.trajectories.len(), super::MAX_OPEN_TRAJECTORIES + 1);
+        let records = h.deriver.close_idle(T0 + 1);
+        let closed: Vec<&str> = records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Trajectory(t) if t.closed => Some(t.trajectory_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(closed, [first.unwrap().as_str()], "only the oldest closes, early");
+        assert_eq!(h.deriver.state.trajectories.len(), super::MAX_OPEN_TRAJECTORIES);
     }
 
     #[test]
