@@ -146,7 +146,7 @@ fn start_llmtap(upstream: SocketAddr, capture: bool, otlp: Option<SocketAddr>, d
     let _ = std::fs::write(
         &config,
         format!(
-            "[capture]\nenabled = {capture}\n[api]\nlisten = \"off\"\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n{export}"
+            "[capture]\nenabled = {capture}\n[api]\nlisten = \"off\"\n[viewer]\nlisten = \"off\"\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n{export}"
         ),
     );
     let mut cmd = Command::new(exe_dir().join("llmtap"));
