@@ -7,6 +7,7 @@ use rusqlite::{OptionalExtension, params_from_iter, types::Value as SqlValue};
 
 use super::StoreError;
 use super::read::{StoreReader, TRACE_SELECT, summary_from_row, trace_from_row};
+use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, Outcome, Timings};
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
@@ -41,6 +42,8 @@ pub struct CallHead {
     pub error: Option<String>,
     pub timings: Timings,
     pub usage: Option<Usage>,
+    /// As priced on the pipeline thread (`None`: unknown).
+    pub cost: Option<CostBreakdown>,
 }
 
 /// `(parent_trajectory_id, continues)` of every trajectory that has either, keyed by trajectory id.
@@ -145,7 +148,8 @@ impl StoreReader {
     fn heads_where(&self, column: &str, value: &str) -> Result<Vec<CallHead>, StoreError> {
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT id, trajectory_id, upstream, api, model, status, outcome, error, started_us, first_byte_us,
-                    ended_us, usage
+                    ended_us, usage, cost_usd, cost_input_usd, cost_cache_read_usd, cost_cache_write_usd,
+                    cost_output_usd, cost_reasoning_usd
              FROM traces WHERE {column} = ?1"
         ))?;
         let rows = stmt.query_map([value], |r| {
@@ -165,6 +169,9 @@ impl StoreReader {
                     end: r.get(10)?,
                 },
                 usage: usage.and_then(|u| serde_json::from_str(&u).ok()),
+                cost: super::read::cost_from_row(r, 12).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(12, rusqlite::types::Type::Text, e.into())
+                })?,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)

@@ -513,7 +513,7 @@ pub(super) fn trace_from_row(conn: &Connection, row: &Row<'_>) -> Result<Provide
 
 /// A call's cost from six columns starting at `first` (total, then the parts in `CostBreakdown`'s order); `None`
 /// when the total is NULL (unknown, or a row stored before costs were kept).
-fn cost_from_row(row: &Row<'_>, first: usize) -> Result<Option<CostBreakdown>, String> {
+pub(super) fn cost_from_row(row: &Row<'_>, first: usize) -> Result<Option<CostBreakdown>, String> {
     let mut d = [Decimal::ZERO; 6];
     for (i, slot) in d.iter_mut().enumerate() {
         let text: Option<String> = row.get(first + i).map_err(|e| e.to_string())?;

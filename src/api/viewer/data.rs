@@ -1,14 +1,14 @@
 //! What the viewer's pages show, as JSON: the only module of the viewer that reads the store. Every function
 //! reads one page (a page of sessions, of a trajectory's steps, one call's bodies), never a whole session's
-//! bodies. Costs are computed on read from each call's usage with the price table the pipeline uses; a call
-//! whose price is unknown is counted as unknown, never as $0.
+//! bodies. Costs are the ones the pipeline stored with each call; a call whose price is unknown is counted as
+//! unknown, never as $0.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use rust_decimal::Decimal;
 use serde_json::{Map, Value, json};
 
-use crate::cost::CostTable;
+use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, Outcome};
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::{ProviderTrace, rfc3339};
@@ -18,7 +18,6 @@ use crate::store::{CallHead, SessionQuery, StoreError, StoreReader, TrajectoryLi
 
 /// What the data functions need besides the store.
 pub struct Context {
-    pub prices: Option<CostTable>,
     /// Upstream name → base URL, for "copy as curl".
     pub upstreams: BTreeMap<String, String>,
     /// Decides which header names carry secrets (never rendered, not even redacted).
@@ -26,7 +25,7 @@ pub struct Context {
 }
 
 /// One page of top-level sessions (newest first) with their totals over every trajectory below them.
-pub fn list_sessions(reader: &StoreReader, ctx: &Context, query: &SessionQuery) -> Result<Value, StoreError> {
+pub fn list_sessions(reader: &StoreReader, query: &SessionQuery) -> Result<Value, StoreError> {
     let roots = reader.root_trajectories(query)?;
     let links = reader.trajectory_links()?;
     let children = children_of(&links);
@@ -36,7 +35,7 @@ pub fn list_sessions(reader: &StoreReader, ctx: &Context, query: &SessionQuery) 
         let mut totals = Totals::default();
         for id in &tree {
             for call in reader.call_heads(id)? {
-                totals.add(ctx, &call);
+                totals.add(&call);
             }
         }
         rows.push(json!({
@@ -58,7 +57,7 @@ pub fn list_sessions(reader: &StoreReader, ctx: &Context, query: &SessionQuery) 
 }
 
 /// A session: the trajectory tree under the top-level trajectory `id` belongs to, each with its totals.
-pub fn session(reader: &StoreReader, ctx: &Context, id: &str) -> Result<Option<Value>, StoreError> {
+pub fn session(reader: &StoreReader, id: &str) -> Result<Option<Value>, StoreError> {
     let links = reader.trajectory_links()?;
     let root = root_of(id, &links);
     let Some(root_summary) = reader.trajectory_light(&root)? else {
@@ -78,8 +77,8 @@ pub fn session(reader: &StoreReader, ctx: &Context, id: &str) -> Result<Option<V
         };
         let mut totals = Totals::default();
         for call in reader.call_heads(&tid)? {
-            totals.add(ctx, &call);
-            all.add(ctx, &call);
+            totals.add(&call);
+            all.add(&call);
         }
         trajectories.push(trajectory_json(&summary, &totals));
     }
@@ -116,13 +115,7 @@ fn trajectory_json(s: &TrajectorySummary, totals: &Totals) -> Value {
 }
 
 /// A page of a trajectory's steps after `after`, each agent step with its cost.
-pub fn steps(
-    reader: &StoreReader,
-    ctx: &Context,
-    trajectory: &str,
-    after: Option<u32>,
-    limit: u32,
-) -> Result<Value, StoreError> {
+pub fn steps(reader: &StoreReader, trajectory: &str, after: Option<u32>, limit: u32) -> Result<Value, StoreError> {
     let page = reader.steps_page(trajectory, after, limit)?;
     let next = (page.len() as u32 >= limit)
         .then(|| page.last().map(|s| s.step_index))
@@ -133,28 +126,22 @@ pub fn steps(
             Some(id) if s.role == crate::model::step::StepRole::Agent => reader.call_head(id)?,
             _ => None,
         };
-        steps.push(step_json(ctx, s, head.as_ref()));
+        steps.push(step_json(s, head.as_ref()));
     }
     Ok(json!({ "steps": steps, "next": next }))
 }
 
 /// A step with the cost of the call it came from (priced like the call page: from the stored trace's usage).
-fn step_json(ctx: &Context, s: &Step, call: Option<&CallHead>) -> Value {
+fn step_json(s: &Step, call: Option<&CallHead>) -> Value {
     let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
     if let (Value::Object(map), Some(c)) = (&mut v, call) {
-        map.insert("cost".into(), head_cost(ctx, c));
+        map.insert("cost".into(), head_cost(c));
     }
     v
 }
 
-fn head_cost(ctx: &Context, c: &CallHead) -> Value {
-    match (&c.model, &c.usage) {
-        (Some(model), Some(usage)) => {
-            let provider = crate::provider::otel_provider_name(c.api, &c.upstream);
-            cost_json(ctx, provider, model, c.timings.start, usage)
-        }
-        _ => Value::Null,
-    }
+fn head_cost(c: &CallHead) -> Value {
+    cost_json(c.usage.as_ref(), c.cost.as_ref())
 }
 
 /// One call: what is new in its request compared with the trajectory's previous call, its raw bodies, headers
@@ -172,11 +159,7 @@ pub fn call(reader: &StoreReader, ctx: &Context, trace_id: &str) -> Result<Optio
     let request = trace.request.to_value();
     let prev_request = previous.as_ref().map(|p| p.request.to_value());
     let t = &trace.timings;
-    let provider = crate::provider::otel_provider_name(trace.api, &trace.upstream);
-    let cost = match (&trace.model, &trace.usage) {
-        (Some(model), Some(usage)) => cost_json(ctx, provider, model, t.start, usage),
-        _ => Value::Null,
-    };
+    let cost = cost_json(trace.usage.as_ref(), trace.cost.as_ref());
     Ok(Some(json!({
         "id": trace.id,
         "trajectory_id": trace.trajectory_id,
@@ -184,7 +167,7 @@ pub fn call(reader: &StoreReader, ctx: &Context, trace_id: &str) -> Result<Optio
         "step": step.map(|s| json!({"step_id": s.step_id, "step_index": s.step_index})),
         "previous_call": previous.as_ref().map(|p| p.id.clone()),
         "upstream": trace.upstream,
-        "provider": provider,
+        "provider": crate::provider::otel_provider_name(trace.api, &trace.upstream),
         "api": trace.api.as_str(),
         "method": trace.method,
         "path": trace.path,
@@ -329,14 +312,13 @@ fn urlencode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
-/// A cost as JSON: the breakdown in dollars (decimal strings), or `{"unknown": reason}`.
-fn cost_json(ctx: &Context, provider: &str, model: &str, at: i64, usage: &Usage) -> Value {
-    let Some(table) = &ctx.prices else {
-        return json!({ "unknown": "the price table could not be loaded" });
-    };
-    match table.cost(provider, model, at, usage) {
-        Ok(c) => serde_json::to_value(&c).unwrap_or(Value::Null),
-        Err(e) => json!({ "unknown": e.to_string() }),
+/// A call's stored cost as JSON: the breakdown in dollars (decimal strings), `{"unknown": reason}` when it was
+/// not priced, null for a call without usage (nothing was billed in tokens).
+fn cost_json(usage: Option<&Usage>, cost: Option<&CostBreakdown>) -> Value {
+    match (usage, cost) {
+        (None, _) => Value::Null,
+        (Some(_), Some(c)) => serde_json::to_value(c).unwrap_or(Value::Null),
+        (Some(_), None) => json!({ "unknown": "no price for this model and date" }),
     }
 }
 
@@ -358,7 +340,7 @@ struct Totals {
 }
 
 impl Totals {
-    fn add(&mut self, ctx: &Context, c: &CallHead) {
+    fn add(&mut self, c: &CallHead) {
         self.calls += 1;
         if c.status.is_some_and(|s| s >= 400) || c.outcome == Outcome::UpstreamError {
             self.errors += 1;
@@ -374,14 +356,9 @@ impl Totals {
         self.output += u.output;
         self.cache_read += u.cache_read.unwrap_or(0);
         self.cache_write += u.cache_write.unwrap_or(0);
-        let provider = crate::provider::otel_provider_name(c.api, &c.upstream);
-        let priced = match (&ctx.prices, &c.model) {
-            (Some(table), Some(model)) => table.cost(provider, model, c.timings.start, u).ok(),
-            _ => None,
-        };
-        match priced {
+        match &c.cost {
             Some(cost) => {
-                self.cost += cost.usd.total;
+                self.cost += cost.total;
                 self.priced += 1;
             }
             None => self.unpriced += 1,

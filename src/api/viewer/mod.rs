@@ -62,20 +62,10 @@ pub struct Viewer {
 
 impl Viewer {
     pub fn new(config: &crate::config::Config, live: LiveTx, metrics: Arc<Metrics>) -> Viewer {
-        // The table the pipeline prices with (embedded prices and the user's overrides), so that the pages agree
-        // with `llmtap traces` and the exports.
-        let prices = match config.price_table() {
-            Ok(t) => Some(t),
-            Err(error) => {
-                tracing::warn!(%error, "Viewer: the price table could not be loaded; costs show as unknown");
-                None
-            }
-        };
         Viewer {
             data_dir: config.data_dir.clone(),
             live,
             ctx: Arc::new(data::Context {
-                prices,
                 upstreams: config
                     .upstreams
                     .iter()
@@ -214,19 +204,17 @@ impl Viewer {
             ["assets", "app.css"] => asset("text/css; charset=utf-8", APP_CSS),
             ["api", "sessions"] => {
                 let query = session_query(&q);
-                self.read(move |r, ctx| data::list_sessions(r, ctx, &query).map(Some))
-                    .await
+                self.read(move |r, _| data::list_sessions(r, &query).map(Some)).await
             }
             ["api", "sessions", id] => {
                 let id = decode(id);
-                self.read(move |r, ctx| data::session(r, ctx, &id)).await
+                self.read(move |r, _| data::session(r, &id)).await
             }
             ["api", "trajectories", id, "steps"] => {
                 let id = decode(id);
                 let after = q.get("after").and_then(|a| a.parse().ok());
                 let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(STEP_PAGE);
-                self.read(move |r, ctx| data::steps(r, ctx, &id, after, limit).map(Some))
-                    .await
+                self.read(move |r, _| data::steps(r, &id, after, limit).map(Some)).await
             }
             ["api", "calls", id] => {
                 let id = decode(id);

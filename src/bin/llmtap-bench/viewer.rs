@@ -145,7 +145,6 @@ fn padded(mut ex: llmtap::capture::RawExchange, pad: usize, n: usize) -> llmtap:
 
 fn measure(dir: &std::path::Path) -> Result<(), llmtap::store::StoreError> {
     let ctx = data::Context {
-        prices: llmtap::cost::CostTable::embedded().ok(),
         upstreams: [("openai".to_owned(), "https://api.openai.com".to_owned())].into(),
         redactor: llmtap::proxy::redact::Redactor::new(&[]),
     };
@@ -161,7 +160,7 @@ fn measure(dir: &std::path::Path) -> Result<(), llmtap::store::StoreError> {
     let pages: Vec<Page> = vec![
         (
             "sessions list, first page of 50",
-            Box::new(|| Ok(size(data::list_sessions(&reader, &ctx, &list)?))),
+            Box::new(|| Ok(size(data::list_sessions(&reader, &list)?))),
         ),
         (
             "sessions list, text search",
@@ -171,23 +170,22 @@ fn measure(dir: &std::path::Path) -> Result<(), llmtap::store::StoreError> {
                     limit: 50,
                     ..SessionQuery::default()
                 };
-                Ok(size(data::list_sessions(&reader, &ctx, &q)?))
+                Ok(size(data::list_sessions(&reader, &q)?))
             }),
         ),
         (
             "session page (tree + totals over every call)",
-            Box::new(|| Ok(size(data::session(&reader, &ctx, BIG)?.unwrap_or_default()))),
+            Box::new(|| Ok(size(data::session(&reader, BIG)?.unwrap_or_default()))),
         ),
         (
             "steps, first page of 100",
-            Box::new(|| Ok(size(data::steps(&reader, &ctx, BIG, None, 100)?))),
+            Box::new(|| Ok(size(data::steps(&reader, BIG, None, 100)?))),
         ),
         (
             "steps, last page of 100",
             Box::new(|| {
                 Ok(size(data::steps(
                     &reader,
-                    &ctx,
                     BIG,
                     Some(last_step.saturating_sub(101)),
                     100,
