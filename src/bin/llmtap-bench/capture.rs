@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::json;
 
-use llmtap::capture::{Api, CaptureTx, Captured, ExchangeMeta, Outcome, RawExchange, Timings};
-use llmtap::config::{DeriveConfig, StoreConfig};
+use llmtap::capture::{Api, Captured, ExchangeMeta, Outcome, RawExchange, Timings};
 use llmtap::telemetry::Metrics;
 
+use super::derive::InProcess;
 use super::stats::fmt_rate;
 
 /// Deterministic text of `words` words, different for each `seed` (an LCG over a small vocabulary: realistic
@@ -113,27 +113,12 @@ pub fn bytes_per_call(calls: usize) {
     let dir = std::env::temp_dir().join(format!("llmtap-bench-bytes-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let metrics = Arc::new(Metrics::default());
-    let Ok(conn) = llmtap::store::open(&dir) else { return };
-    let Ok((store_tx, store_thread)) = llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone())
+    let Some(InProcess {
+        tx,
+        pipeline,
+        store_thread,
+    }) = InProcess::start(&dir, &metrics)
     else {
-        return;
-    };
-    let (tx, rx) = CaptureTx::channel(&llmtap::config::CaptureConfig::default(), metrics.clone());
-    let Ok(pipeline) = llmtap::pipeline::spawn(
-        rx,
-        store_tx,
-        llmtap::pipeline::Settings {
-            derive: DeriveConfig::default(),
-            body_cap: usize::MAX,
-            prices: match llmtap::cost::CostTable::embedded() {
-                Ok(t) => t,
-                Err(_) => return,
-            },
-        },
-        metrics.clone(),
-        None,
-        Default::default(),
-    ) else {
         return;
     };
     let t0 = llmtap::capture::now_micros();

@@ -165,6 +165,35 @@ fn measure(label: &str, calls: usize, turns: std::ops::Range<usize>) {
     );
 }
 
+/// The pipeline and the store writer running in this process over a store in a directory, as `serve` runs them
+/// without the proxy: exchanges go in through `tx`; drop it, then join both threads, to finish.
+pub struct InProcess {
+    pub tx: CaptureTx,
+    pub pipeline: std::thread::JoinHandle<()>,
+    pub store_thread: std::thread::JoinHandle<()>,
+}
+
+impl InProcess {
+    pub fn start(dir: &std::path::Path, metrics: &Arc<Metrics>) -> Option<InProcess> {
+        let conn = llmtap::store::open(dir).ok()?;
+        let (store_tx, store_thread) =
+            llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone()).ok()?;
+        let (tx, rx) = CaptureTx::channel(&llmtap::config::CaptureConfig::default(), metrics.clone());
+        let settings = llmtap::pipeline::Settings {
+            derive: DeriveConfig::default(),
+            body_cap: usize::MAX,
+            prices: llmtap::cost::CostTable::embedded().ok()?,
+        };
+        let pipeline =
+            llmtap::pipeline::spawn(rx, store_tx, settings, metrics.clone(), None, Default::default()).ok()?;
+        Some(InProcess {
+            tx,
+            pipeline,
+            store_thread,
+        })
+    }
+}
+
 /// From `CaptureTx::try_send` to the step committed in SQLite, one call at a time, through the real pipeline
 /// thread and store writer thread.
 fn latency_to_store(calls: usize) {
@@ -173,27 +202,12 @@ fn latency_to_store(calls: usize) {
         None => return,
     };
     let metrics = Arc::new(Metrics::default());
-    let Ok(conn) = llmtap::store::open(&dir) else { return };
-    let Ok((store_tx, store_thread)) = llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone())
+    let Some(InProcess {
+        tx,
+        pipeline,
+        store_thread,
+    }) = InProcess::start(&dir, &metrics)
     else {
-        return;
-    };
-    let (tx, rx) = CaptureTx::channel(&llmtap::config::CaptureConfig::default(), metrics.clone());
-    let Ok(pipeline) = llmtap::pipeline::spawn(
-        rx,
-        store_tx,
-        llmtap::pipeline::Settings {
-            derive: DeriveConfig::default(),
-            body_cap: usize::MAX,
-            prices: match llmtap::cost::CostTable::embedded() {
-                Ok(t) => t,
-                Err(_) => return,
-            },
-        },
-        metrics.clone(),
-        None,
-        Default::default(),
-    ) else {
         return;
     };
     // Back to back (each call sent as soon as the previous one is stored: traffic that flows, so the store groups
