@@ -30,7 +30,7 @@ pub struct StoreArgs {
 
 #[derive(Debug, Args, Clone, Default)]
 pub struct Selection {
-    /// Only the calls with this session id (the agent's x-llmtap-session value) or trajectory id.
+    /// Only the calls of this agent run (an id `llmtap sessions` shows) or of this trajectory.
     #[arg(long)]
     pub session: Option<String>,
     /// Only calls started at or after this RFC 3339 time.
@@ -105,7 +105,7 @@ pub enum Command {
         /// The API's HOST:PORT, instead of the config's [api] listen.
         #[arg(long)]
         api: Option<String>,
-        /// Only calls of this session id (x-llmtap-session) or trajectory id.
+        /// Only calls of this agent run (an id `llmtap sessions` shows) or of this trajectory.
         #[arg(long)]
         session: Option<String>,
         /// Only calls of this agent (x-llmtap-agent).
