@@ -190,6 +190,11 @@ struct Run {
 
 /// The cross-call part of identity: native conversation chains, retries of a failed first call, repeated runs
 /// of the same root, and resumed conversations.
+///
+/// Every map below names trajectories; `held` indexes them the other way (trajectory → the keys that name
+/// it), so that closing a trajectory costs what it holds, not a scan of every map. A flood of identical calls
+/// keeps up to the open-trajectory limit of runs under one root; their lists are queues in start order (the
+/// oldest run, usually the first to close, is at the front) and a new run is appended without searching.
 #[derive(Default)]
 pub struct Resolver {
     /// Response id → trajectory, for `previous_response_id` chains.
@@ -199,12 +204,23 @@ pub struct Resolver {
     /// Prefix key → trajectory id of a first call that failed before producing a turn.
     failed_roots: HashMap<String, String>,
     /// Root key → its open runs, oldest first.
-    runs: HashMap<String, Vec<Run>>,
+    runs: HashMap<String, VecDeque<Run>>,
     /// Root key → how many runs of it started (kept after they close, bounded by `MAX_REMEMBERED_ROOTS`).
     started: HashMap<String, u32>,
     started_order: VecDeque<String>,
     /// History key → open trajectories (id, agent) that started with that history.
-    history: HashMap<String, Vec<(String, Option<String>)>>,
+    history: HashMap<String, VecDeque<(String, Option<String>)>>,
+    /// Trajectory id → the keys under which the maps above name it.
+    held: HashMap<String, Vec<Held>>,
+}
+
+/// A key under which one of the resolver's maps names a trajectory.
+enum Held {
+    Response(String),
+    Alias(String),
+    FailedRoot(String),
+    Run(String),
+    History(String),
 }
 
 impl Resolver {
@@ -260,7 +276,7 @@ impl Resolver {
         if let Some(failed) = self.failed_roots.remove(&keys.prefix)
             && is_open(&failed)
         {
-            self.aliases.insert(keys.root.clone(), failed.clone());
+            self.alias(&keys.root, &failed);
             self.open_run(&keys, &failed, len, agent);
             return Resolved::to(failed);
         }
@@ -292,7 +308,7 @@ impl Resolver {
         if let Some(failed) = self.failed_roots.get(&keys.prefix).filter(|f| is_open(f)).cloned() {
             if !output_is_empty(&call.output) {
                 self.failed_roots.remove(&keys.prefix);
-                self.aliases.insert(keys.root.clone(), failed.clone());
+                self.alias(&keys.root, &failed);
                 self.open_run(keys, &failed, len, agent);
             }
             return failed;
@@ -302,9 +318,10 @@ impl Resolver {
         let id = self.run_id(&keys.root, n);
         if output_is_empty(&call.output) {
             // A first call that produced no turn: remember it so its retry joins the same trajectory.
+            self.hold(&id, Held::FailedRoot(keys.prefix.clone()));
             self.failed_roots.insert(keys.prefix.clone(), id.clone());
         }
-        self.open_run(keys, &id, len, agent);
+        self.open_new_run(keys, &id, len, agent);
         id
     }
 
@@ -348,7 +365,7 @@ impl Resolver {
             .find(|(id, a)| a.as_deref() == agent && may_resume(id))
             .map(|(id, _)| id.clone())?;
         if adopt {
-            self.aliases.insert(keys.root.clone(), id.clone());
+            self.alias(&keys.root, &id);
         }
         Some(id)
     }
@@ -361,6 +378,7 @@ impl Resolver {
         }
     }
 
+    /// Record that open trajectory `id` runs under `keys` (it may already).
     fn open_run(&mut self, keys: &RootKeys, id: &str, len: usize, agent: Option<&str>) {
         let runs = self.runs.entry(keys.root.clone()).or_default();
         match runs.iter_mut().find(|r| r.id == id) {
@@ -368,15 +386,48 @@ impl Resolver {
                 r.last_len = r.last_len.max(len);
                 r.system = keys.system.clone();
             }
-            None => runs.push(Run {
-                id: id.to_owned(),
-                last_len: len,
-                system: keys.system.clone(),
-            }),
+            None => {
+                runs.push_back(Run {
+                    id: id.to_owned(),
+                    last_len: len,
+                    system: keys.system.clone(),
+                });
+                self.hold(id, Held::Run(keys.root.clone()));
+            }
         }
         let seen = self.history.entry(keys.history.clone()).or_default();
         if !seen.iter().any(|(t, _)| t == id) {
-            seen.push((id.to_owned(), agent.map(str::to_owned)));
+            seen.push_back((id.to_owned(), agent.map(str::to_owned)));
+            self.hold(id, Held::History(keys.history.clone()));
+        }
+    }
+
+    /// `open_run` for an id that was just made and so is in no list yet: appended without a search.
+    fn open_new_run(&mut self, keys: &RootKeys, id: &str, len: usize, agent: Option<&str>) {
+        self.runs.entry(keys.root.clone()).or_default().push_back(Run {
+            id: id.to_owned(),
+            last_len: len,
+            system: keys.system.clone(),
+        });
+        self.history
+            .entry(keys.history.clone())
+            .or_default()
+            .push_back((id.to_owned(), agent.map(str::to_owned)));
+        // Extended, not replaced: a root whose run count was forgotten names its first run again, which may
+        // still be open; each entry appended above has its own key here, so closing removes both.
+        self.held
+            .entry(id.to_owned())
+            .or_default()
+            .extend([Held::Run(keys.root.clone()), Held::History(keys.history.clone())]);
+    }
+
+    fn hold(&mut self, id: &str, key: Held) {
+        self.held.entry(id.to_owned()).or_default().push(key);
+    }
+
+    fn alias(&mut self, root: &str, id: &str) {
+        if self.aliases.insert(root.to_owned(), id.to_owned()).as_deref() != Some(id) {
+            self.hold(id, Held::Alias(root.to_owned()));
         }
     }
 
@@ -401,23 +452,47 @@ impl Resolver {
     }
 
     pub fn remember_response(&mut self, response_id: &str, trajectory_id: &str) {
-        self.response_owner
+        let previous = self
+            .response_owner
             .insert(response_id.to_owned(), trajectory_id.to_owned());
+        if previous.as_deref() != Some(trajectory_id) {
+            self.hold(trajectory_id, Held::Response(response_id.to_owned()));
+        }
     }
 
-    /// A closed trajectory is never resolved to again through cross-call state (its run count is kept).
+    /// A closed trajectory is never resolved to again through cross-call state (its run count is kept). Only
+    /// the keys that name it are visited; a key another trajectory took over since stays with that one.
     pub fn forget(&mut self, trajectory_id: &str) {
-        self.response_owner.retain(|_, owner| owner != trajectory_id);
-        self.aliases.retain(|_, owner| owner != trajectory_id);
-        self.failed_roots.retain(|_, owner| owner != trajectory_id);
-        self.runs.retain(|_, runs| {
-            runs.retain(|r| r.id != trajectory_id);
-            !runs.is_empty()
-        });
-        self.history.retain(|_, ids| {
-            ids.retain(|(t, _)| t != trajectory_id);
-            !ids.is_empty()
-        });
+        let Some(keys) = self.held.remove(trajectory_id) else {
+            return;
+        };
+        fn remove_owned(map: &mut HashMap<String, String>, key: &str, id: &str) {
+            if map.get(key).is_some_and(|owner| owner == id) {
+                map.remove(key);
+            }
+        }
+        for key in keys {
+            match key {
+                Held::Response(k) => remove_owned(&mut self.response_owner, &k, trajectory_id),
+                Held::Alias(k) => remove_owned(&mut self.aliases, &k, trajectory_id),
+                Held::FailedRoot(k) => remove_owned(&mut self.failed_roots, &k, trajectory_id),
+                Held::Run(k) => remove_from_queue(&mut self.runs, &k, |r| r.id == trajectory_id),
+                Held::History(k) => remove_from_queue(&mut self.history, &k, |(t, _)| t == trajectory_id),
+            }
+        }
+    }
+}
+
+/// Remove the first entry of `map[key]` that `is_it` picks (the oldest, which is the one usually closed),
+/// and the key once its queue is empty.
+fn remove_from_queue<T>(map: &mut HashMap<String, VecDeque<T>>, key: &str, is_it: impl Fn(&T) -> bool) {
+    if let Some(queue) = map.get_mut(key) {
+        if let Some(i) = queue.iter().position(is_it) {
+            queue.remove(i);
+        }
+        if queue.is_empty() {
+            map.remove(key);
+        }
     }
 }
 
@@ -603,5 +678,37 @@ mod tests {
         let h = system_prompt_hash("You are helpful.");
         assert_eq!(h, format!("sp_{}", short_hash(b"You are helpful.")));
         assert_eq!(h, system_prompt_hash("You are helpful.\n"));
+    }
+
+    #[test]
+    fn closing_every_run_leaves_no_state_behind_and_a_taken_over_key_stays() {
+        let mut r = Resolver::default();
+        let c = call("sys", vec![user("task")], text_out("a"));
+        let ids: Vec<String> = (0..500)
+            .map(|_| r.resolve("", None, &c, CallIds::Stable, |_| false).id)
+            .collect();
+        assert_eq!(
+            ids.iter().collect::<std::collections::HashSet<_>>().len(),
+            500,
+            "identical root calls are separate runs"
+        );
+        r.remember_response("resp_1", &ids[0]);
+        r.remember_response("resp_1", &ids[1]);
+        r.alias("root_x", &ids[2]);
+        for id in &ids[..450] {
+            if id != &ids[1] {
+                r.forget(id);
+            }
+        }
+        assert_eq!(r.response_owner.get("resp_1"), Some(&ids[1]), "taken over by another run");
+        assert_eq!(r.runs.values().map(VecDeque::len).sum::<usize>(), 51);
+        for id in &ids {
+            r.forget(id);
+        }
+        assert!(r.response_owner.is_empty() && r.aliases.is_empty() && r.failed_roots.is_empty());
+        assert!(r.runs.is_empty() && r.history.is_empty() && r.held.is_empty());
+        // The run count is kept: the next identical call is run 501, not a reuse of a closed id.
+        let next = r.resolve("", None, &c, CallIds::Stable, |_| false).id;
+        assert!(!ids.contains(&next));
     }
 }
