@@ -1,7 +1,8 @@
 // Drives headless Chromium through the llmtap viewer and reports what a user sees, as one JSON line on stdout.
 // The assertions live in tests/viewer.rs; this script only looks and takes screenshots.
 //
-// usage: node viewer.mjs <viewer base URL> <session id> <call id> <screenshot dir>
+// usage: node viewer.mjs <viewer base URL> <session id> <call id> <screenshot dir> <native session id>
+//        <a trajectory id of that session>
 // Protocol: prints "READY-FOR-CALL" once the sessions list is open, then waits (up to 30 s) for a new session
 // row to appear without a reload (the test makes a call meanwhile), then prints the report line.
 import { chromium } from 'playwright-core';
@@ -9,7 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-const [base, sessionId, callId, shots] = process.argv.slice(2);
+const [base, sessionId, callId, shots, nativeSession, nativeTrajectory] = process.argv.slice(2);
 fs.mkdirSync(shots, { recursive: true });
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'llmtap-chromium-'));
 const browser = await chromium.launchPersistentContext(profile, {
@@ -45,6 +46,30 @@ try {
     tool_bars: document.querySelectorAll('#timeline .bar.tool').length,
   }));
   await page.screenshot({ path: path.join(shots, 'session.png'), fullPage: true });
+
+  // A session with a native id: its side calls, titles, warmups and quota probes dimmed under the run.
+  await page.goto(base + '#/s/' + encodeURIComponent(nativeSession));
+  await ready();
+  const treeView = () => page.evaluate(() => ({
+    hash: location.hash,
+    tree_nodes: document.querySelectorAll('#tree .node').length,
+    selected: document.querySelector('#tree .node.sel')?.dataset.id ?? null,
+  }));
+  report.claude = {
+    ...(await treeView()),
+    ...(await page.evaluate(() => ({
+      dim_nodes: document.querySelectorAll('#tree .node.dim').length,
+      dim_purposes: [...document.querySelectorAll('#tree .node.dim')].map((n) => n.dataset.purpose ?? null),
+      lanes: document.querySelectorAll('#timeline .lane').length,
+      dim_lanes: document.querySelectorAll('#timeline .lane.dim').length,
+      steps: document.querySelectorAll('#steps .step').length,
+    }))),
+  };
+  await page.screenshot({ path: path.join(shots, 'session-native.png'), fullPage: true });
+  // A link naming one of its trajectories (as written before sessions were grouped) opens the session.
+  await page.goto(base + '#/s/' + encodeURIComponent(nativeTrajectory));
+  await ready();
+  report.claude.old_link = await treeView();
 
   await page.goto(base + '#/c/' + encodeURIComponent(callId));
   await ready();
