@@ -74,11 +74,7 @@ async fn replay_claude_code(client: &Client, tap: &Llmtap) -> usize {
             .await
         }
     };
-    let mut quota = first.clone();
-    quota["max_tokens"] = 1.into();
-    quota["messages"] = serde_json::json!([{"role": "user", "content": "quota"}]);
-    quota.as_object_mut().unwrap().remove("tools");
-    quota.as_object_mut().unwrap().remove("tool_choice");
+    let quota = quota_probe(&first);
     let mut warmup = first.clone();
     warmup["max_tokens"] = 1.into();
     warmup["messages"] = serde_json::json!([{"role": "user", "content": "Warmup"}]);
@@ -101,6 +97,16 @@ async fn replay_claude_code(client: &Client, tap: &Llmtap) -> usize {
     title.as_object_mut().unwrap().remove("tool_choice");
     assert_eq!(post(&main[1], title).await.status, 200);
     main.len() + 3
+}
+
+/// A quota probe like Claude Code's: one output token, no tools.
+fn quota_probe(first: &Value) -> Value {
+    let mut quota = first.clone();
+    quota["max_tokens"] = 1.into();
+    quota["messages"] = serde_json::json!([{"role": "user", "content": "quota"}]);
+    quota.as_object_mut().unwrap().remove("tools");
+    quota.as_object_mut().unwrap().remove("tool_choice");
+    quota
 }
 
 fn claude_headers(fixture: &str) -> Vec<(&str, &str)> {
@@ -460,6 +466,19 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
             let f = json_calls(1).remove(0);
             let scoped = [("x-llmtap-session", "viewer-live-check")];
             assert_eq!(send_fixture(&client, &tap, &f, &scoped).await.status, 200);
+        } else if line == "READY-FOR-SESSION-CALL" {
+            // Another call of the Claude Code session: its row must update in place.
+            let f = fixture(CLAUDE_MAIN[0]);
+            let probe = quota_probe(&serde_json::from_slice(&f.request).unwrap());
+            let r = send(
+                &client,
+                "POST",
+                &tap.url(&f.client_path),
+                &claude_headers(&f.name),
+                serde_json::to_vec(&probe).unwrap(),
+            )
+            .await;
+            assert_eq!(r.status, 200);
         } else if let Some(r) = line.strip_prefix("REPORT ") {
             report = Some(serde_json::from_str::<Value>(r).unwrap());
         }
@@ -530,4 +549,21 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
         live["after"].as_array().unwrap().len(),
         live["before"].as_u64().unwrap() as usize + 1
     );
+
+    // The call made in the Claude Code session while the list was open: the same single row, one more call, the
+    // count the store has for the session.
+    let live = &report["live_session"];
+    assert_eq!(live["marker"], "same page");
+    assert_eq!(live["rows"], report["live"]["after"].as_array().unwrap().len());
+    let count = |v: &Value| -> usize { v.as_str().unwrap().replace(',', "").parse().unwrap() };
+    let (before, after) = (&live["before"], &live["after"]);
+    assert_eq!(before.as_array().unwrap().len(), 1);
+    assert_eq!(after.as_array().unwrap().len(), 1);
+    let stored = tap
+        .export("provider-traces", &[])
+        .iter()
+        .filter(|t| t["session_id"] == CLAUDE_SESSION)
+        .count();
+    assert_eq!(count(&after[0]), count(&before[0]) + 1);
+    assert_eq!(count(&after[0]), stored);
 }

@@ -4,7 +4,9 @@
 // usage: node viewer.mjs <viewer base URL> <session id> <call id> <screenshot dir> <native session id>
 //        <a trajectory id of that session>
 // Protocol: prints "READY-FOR-CALL" once the sessions list is open, then waits (up to 30 s) for a new session
-// row to appear without a reload (the test makes a call meanwhile), then prints the report line.
+// row to appear without a reload (the test makes a call meanwhile); then prints "READY-FOR-SESSION-CALL" and
+// waits for the native session's row to count one more call (the test makes a call in that session), then
+// prints the report line.
 import { chromium } from 'playwright-core';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -95,6 +97,22 @@ try {
     marker: await page.evaluate(() => window.__llmtapMarker || null),
   };
   await page.screenshot({ path: path.join(shots, 'sessions-live.png'), fullPage: true });
+
+  // A call in an existing session updates its row; no second row appears.
+  const nativeRow = () => page.$$eval('#sessions tr', (rows, id) => rows.filter((r) => r.dataset.id === id)
+    .map((r) => r.querySelector('td.calls').textContent), nativeSession);
+  const callsBefore = await nativeRow();
+  console.log('READY-FOR-SESSION-CALL');
+  await page.waitForFunction(([id, before]) => {
+    const rows = [...document.querySelectorAll('#sessions tr')].filter((r) => r.dataset.id === id);
+    return rows.length === 1 && rows[0].querySelector('td.calls').textContent !== before;
+  }, [nativeSession, callsBefore[0]], { timeout: 30000 });
+  report.live_session = {
+    before: callsBefore,
+    after: await nativeRow(),
+    rows: await page.$$eval('#sessions tr', (rows) => rows.length),
+    marker: await page.evaluate(() => window.__llmtapMarker || null),
+  };
 } catch (e) {
   report.error = String(e);
 } finally {

@@ -93,7 +93,7 @@ async function sessionsPage(params) {
   const body = h('tbody', { id: 'sessions' });
   const more = h('button', { hidden: true }, 'More');
   const table = h('table', {}, h('thead', {}, h('tr', {},
-    h('th', {}, 'Agent'), h('th', {}, 'Models'), h('th', {}, 'Started'), h('th', { class: 'num' }, 'Duration'),
+    h('th', {}, 'Session'), h('th', {}, 'Agent'), h('th', {}, 'Models'), h('th', {}, 'Started'), h('th', { class: 'num' }, 'Duration'),
     h('th', { class: 'num' }, 'Trajectories'),
     h('th', { class: 'num' }, 'Calls'), h('th', { class: 'num' }, 'Input'), h('th', { class: 'num' }, 'Output'),
     h('th', { class: 'num' }, 'Cache read'), h('th', { class: 'num' }, 'Cache write'),
@@ -106,12 +106,13 @@ async function sessionsPage(params) {
   const row = (s) => {
     const t = s.totals;
     return h('tr', { class: !first && !seen.has(s.id) ? 'new' : null, 'data-id': s.id },
-      h('td', {}, h('a', { href: '#/s/' + enc(s.id) }, s.agent || s.id.slice(0, 12))),
+      h('td', {}, h('a', { href: '#/s/' + enc(s.id), title: s.id }, s.id.length > 24 ? s.id.slice(0, 23) + '…' : s.id)),
+      h('td', {}, s.agent || ''),
       h('td', {}, s.models.join(', ')), h('td', {}, time(s.started_at)),
       h('td', { class: 'num' }, dur(t.duration_ms)),
       h('td', { class: 'num', title: 'side calls, titles, warmups and quota probes are counted apart' },
         num(s.trajectories - s.side_trajectories), s.side_trajectories ? h('span', { class: 'muted' }, ' + ' + num(s.side_trajectories) + ' side') : null),
-      h('td', { class: 'num' }, num(t.calls)),
+      h('td', { class: 'num calls' }, num(t.calls)),
       h('td', { class: 'num' }, num(t.input_tokens)), h('td', { class: 'num' }, num(t.output_tokens)),
       h('td', { class: 'num' }, num(t.cache_read_tokens)), h('td', { class: 'num' }, num(t.cache_write_tokens)),
       h('td', { class: 'num cost' }, cost(t)),
