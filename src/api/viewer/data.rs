@@ -166,14 +166,13 @@ fn arrange(trajectories: &[&TrajectorySummary]) -> Vec<TreeNode> {
         .enumerate()
         .map(|(i, t)| (t.trajectory_id.as_str(), i))
         .collect();
-    let parent = |i: usize| trajectories[i].tree_parent().and_then(|p| index.get(p).copied());
     let mut children: Vec<Vec<usize>> = vec![Vec::new(); trajectories.len()];
     let mut runs = Vec::new();
     let mut loose = Vec::new();
-    for i in 0..trajectories.len() {
-        match parent(i) {
+    for (i, t) in trajectories.iter().enumerate() {
+        match t.tree_parent().and_then(|p| index.get(p).copied()) {
             Some(p) if p != i => children[p].push(i),
-            _ if is_dimmed(trajectories[i]) => loose.push(i),
+            _ if is_dimmed(t) => loose.push(i),
             _ => runs.push(i),
         }
     }

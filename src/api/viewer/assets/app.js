@@ -106,7 +106,7 @@ async function sessionsPage(params) {
   const row = (s) => {
     const t = s.totals;
     return h('tr', { class: !first && !seen.has(s.id) ? 'new' : null, 'data-id': s.id },
-      h('td', {}, h('a', { href: '#/s/' + enc(s.id), title: s.id }, s.id.length > 24 ? s.id.slice(0, 23) + '…' : s.id)),
+      h('td', {}, h('a', { href: '#/s/' + enc(s.id), title: s.id }, s.id.length > 36 ? s.id.slice(0, 35) + '…' : s.id)),
       h('td', {}, s.agent || ''),
       h('td', {}, s.models.join(', ')), h('td', {}, time(s.started_at)),
       h('td', { class: 'num' }, dur(t.duration_ms)),
