@@ -99,11 +99,14 @@ async fn replay_claude_code(client: &Client, tap: &Llmtap) -> usize {
     main.len() + 3
 }
 
+/// The quota probe's text: in no recording, so only the Claude Code session's steps contain it.
+const QUOTA_TEXT: &str = "quota probe of the viewer test";
+
 /// A quota probe like Claude Code's: one output token, no tools.
 fn quota_probe(first: &Value) -> Value {
     let mut quota = first.clone();
     quota["max_tokens"] = 1.into();
-    quota["messages"] = serde_json::json!([{"role": "user", "content": "quota"}]);
+    quota["messages"] = serde_json::json!([{"role": "user", "content": QUOTA_TEXT}]);
     quota.as_object_mut().unwrap().remove("tools");
     quota.as_object_mut().unwrap().remove("tool_choice");
     quota
@@ -257,6 +260,29 @@ async fn json_api_lists_sessions_with_totals_and_serves_steps_calls_and_exports(
     let by_trajectory = get_json(&client, &format!("{base}/api/sessions/{}", warmup_id.as_str().unwrap())).await;
     assert_eq!(by_trajectory["id"], CLAUDE_SESSION);
     assert_eq!(by_trajectory["focus"], warmup_id);
+    // A text only a side trajectory's step holds finds its whole session, once.
+    let q = QUOTA_TEXT.replace(' ', "+");
+    let found = get_json(&client, &format!("{base}/api/sessions?q={q}")).await;
+    let found: Vec<&Value> = found["sessions"].as_array().unwrap().iter().map(|s| &s["id"]).collect();
+    assert_eq!(found, [CLAUDE_SESSION]);
+    // Time: sessions still running at the Claude Code session's start, by `llmtap sessions`' own times.
+    let since = row["started_at"].as_str().unwrap();
+    let mut want: Vec<&str> = groups
+        .iter()
+        .filter(|g| g["ended_at"].as_str().unwrap() >= since)
+        .map(|g| g["session_id"].as_str().unwrap())
+        .collect();
+    let page = get_json(&client, &format!("{base}/api/sessions?since={since}&limit=500")).await;
+    let mut got: Vec<&str> = page["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    want.sort_unstable();
+    got.sort_unstable();
+    assert_eq!(got, want);
+    assert!(got.contains(&CLAUDE_SESSION) && got.len() < listed.len(), "{got:?}");
 
     // The Anthropic session: its totals' cost is the sum of its calls' costs.
     let trajectory = anthropic[0]["trajectory_id"].as_str().unwrap();
