@@ -1,5 +1,6 @@
-//! The web viewer as a user sees it: recorded agent sessions replayed through the real binary, then the viewer's
-//! JSON API read over HTTP, and Debian's Chromium (headless, driven by tests/browser/viewer.mjs through
+//! The web viewer as a user sees it: recorded agent sessions replayed through the real binary (and a Claude
+//! Code-shaped session made of recorded Anthropic calls: quota probe, warmup, the agent's tool round, title),
+//! then the viewer's JSON API read over HTTP, and Debian's Chromium (headless, driven by tests/browser/viewer.mjs through
 //! playwright-core) opening the sessions list, a session page and a call page; a call made while the list is
 //! open must appear without a reload. Screenshots land in target/screenshots/.
 //!
@@ -16,6 +17,13 @@ use common::*;
 use serde_json::Value;
 
 const SESSION: &str = "pydantic-ai__anthropic_parallel_tools_agent";
+/// The native session id the Claude Code-shaped calls carry (`x-claude-code-session-id`).
+const CLAUDE_SESSION: &str = "viewer-claude-code-session";
+/// The recorded Anthropic tool round that is the Claude Code session's main conversation.
+const CLAUDE_MAIN: [&str; 2] = [
+    "anthropic_messages/pydantic-ai__parallel_tool_use/00",
+    "anthropic_messages/pydantic-ai__parallel_tool_use/01",
+];
 
 async fn get_json(client: &Client, url: &str) -> Value {
     let r = send(client, "GET", url, &[], Vec::new()).await;
@@ -40,14 +48,93 @@ async fn replay_all(tap: &Llmtap) -> Vec<Value> {
         }
         total += calls.len();
     }
+    total += replay_claude_code(&client, tap).await;
     tap.wait_for_traces(total);
     anthropic
 }
 
-fn roots(sessions: &[Value]) -> Vec<&Value> {
-    sessions
+/// A session shaped like a Claude Code run, every call with its session header: a quota probe (one output
+/// token, no tools), a warmup (one output token, the agent's tools), the recorded tool round, and a title call.
+/// The upstream answers each with a recorded response. Returns the number of calls.
+async fn replay_claude_code(client: &Client, tap: &Llmtap) -> usize {
+    let main: Vec<Fixture> = CLAUDE_MAIN.iter().map(|n| fixture(n)).collect();
+    let first: Value = serde_json::from_slice(&main[0].request).unwrap();
+    let post = |f: &Fixture, body: Value| {
+        let url = tap.url(&f.client_path);
+        let name = f.name.clone();
+        let client = client.clone();
+        async move {
+            send(
+                &client,
+                "POST",
+                &url,
+                &claude_headers(&name),
+                serde_json::to_vec(&body).unwrap(),
+            )
+            .await
+        }
+    };
+    let quota = quota_probe(&first);
+    let mut warmup = first.clone();
+    warmup["max_tokens"] = 1.into();
+    warmup["messages"] = serde_json::json!([{"role": "user", "content": "Warmup"}]);
+    assert_eq!(post(&main[0], quota).await.status, 200);
+    assert_eq!(post(&main[0], warmup).await.status, 200);
+    for f in &main {
+        let r = send(
+            client,
+            &f.method,
+            &tap.url(&f.client_path),
+            &claude_headers(&f.name),
+            f.request.clone(),
+        )
+        .await;
+        assert_eq!(r.status, f.status, "{}", f.name);
+    }
+    let mut title = first;
+    title["system"] = "Write a 5-10 word title for the conversation. Answer with the title only.".into();
+    title.as_object_mut().unwrap().remove("tools");
+    title.as_object_mut().unwrap().remove("tool_choice");
+    assert_eq!(post(&main[1], title).await.status, 200);
+    main.len() + 3
+}
+
+/// The quota probe's text: in no recording, so only the Claude Code session's steps contain it.
+const QUOTA_TEXT: &str = "quota probe of the viewer test";
+
+/// A quota probe like Claude Code's: one output token, no tools.
+fn quota_probe(first: &Value) -> Value {
+    let mut quota = first.clone();
+    quota["max_tokens"] = 1.into();
+    quota["messages"] = serde_json::json!([{"role": "user", "content": QUOTA_TEXT}]);
+    quota.as_object_mut().unwrap().remove("tools");
+    quota.as_object_mut().unwrap().remove("tool_choice");
+    quota
+}
+
+fn claude_headers(fixture: &str) -> Vec<(&str, &str)> {
+    vec![
+        ("content-type", "application/json"),
+        ("x-replay-fixture", fixture),
+        ("x-claude-code-session-id", CLAUDE_SESSION),
+    ]
+}
+
+/// `llmtap sessions --json`: the session with this id.
+fn group<'a>(groups: &'a [Value], id: &str) -> &'a Value {
+    groups
         .iter()
-        .filter(|s| s.get("parent_trajectory_id").is_none() && s.get("continues").is_none())
+        .find(|g| g["session_id"] == id)
+        .unwrap_or_else(|| panic!("no session {id} in {groups:#?}"))
+}
+
+/// Trajectories of a session group that `llmtap sessions` folds (side calls, titles, warmups, quota probes).
+fn auxiliary(group: &Value) -> Vec<&Value> {
+    group["trajectories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| ["side", "title", "warmup", "quota"].contains(&t["purpose"].as_str().unwrap_or("")))
         .collect()
 }
 
@@ -104,8 +191,13 @@ async fn json_api_lists_sessions_with_totals_and_serves_steps_calls_and_exports(
 
     let page = get_json(&client, &format!("{base}/api/sessions?limit=500")).await;
     let listed = page["sessions"].as_array().unwrap();
-    let sessions = tap.sessions_json();
-    assert_eq!(listed.len(), roots(&sessions).len());
+    // One row per session of `llmtap sessions`, none twice.
+    let groups = tap.session_groups();
+    let mut want_ids: Vec<&str> = groups.iter().map(|g| g["session_id"].as_str().unwrap()).collect();
+    let mut got_ids: Vec<&str> = listed.iter().map(|s| s["id"].as_str().unwrap()).collect();
+    want_ids.sort_unstable();
+    got_ids.sort_unstable();
+    assert_eq!(got_ids, want_ids);
     // Newest first.
     let started: Vec<&str> = listed.iter().map(|s| s["started_at"].as_str().unwrap()).collect();
     assert!(started.windows(2).all(|w| w[0] >= w[1]), "{started:?}");
@@ -130,6 +222,67 @@ async fn json_api_lists_sessions_with_totals_and_serves_steps_calls_and_exports(
         }
     }
     assert_eq!(paged, listed.iter().map(|s| s["id"].clone()).collect::<Vec<_>>());
+
+    // The Claude Code session: one row covering every trajectory and call, side calls and warmups included.
+    let claude = group(&groups, CLAUDE_SESSION);
+    let claude_trajectories = claude["trajectories"].as_array().unwrap();
+    let aux = auxiliary(claude);
+    let purposes: Vec<&str> = aux.iter().map(|t| t["purpose"].as_str().unwrap()).collect();
+    for p in ["quota", "warmup", "title"] {
+        assert!(purposes.contains(&p), "{p} missing from {claude:#}");
+    }
+    let row = listed.iter().find(|s| s["id"] == CLAUDE_SESSION).unwrap();
+    assert_eq!(row["trajectories"], claude_trajectories.len());
+    assert_eq!(row["side_trajectories"], aux.len());
+    let claude_calls = tap
+        .export("provider-traces", &[])
+        .iter()
+        .filter(|t| t["session_id"] == CLAUDE_SESSION)
+        .count();
+    assert_eq!(row["totals"]["calls"], claude_calls);
+    for t in claude_trajectories {
+        assert!(!got_ids.contains(&t["trajectory_id"].as_str().unwrap()), "{t:#}");
+    }
+    // Its page: every trajectory, the auxiliary ones marked as side and placed under the main run.
+    let page = get_json(&client, &format!("{base}/api/sessions/{CLAUDE_SESSION}")).await;
+    let shown = page["trajectories"].as_array().unwrap();
+    assert_eq!(shown.len(), claude_trajectories.len());
+    assert_eq!(shown.iter().filter(|t| t["side"] == true).count(), aux.len());
+    let main_run = &shown[0];
+    assert_eq!(main_run["purpose"], "main");
+    assert!(main_run["under"].is_null());
+    for a in &aux {
+        let t = shown.iter().find(|t| t["id"] == a["trajectory_id"]).unwrap();
+        assert_eq!(t["under"], main_run["id"], "{t:#}");
+    }
+    // A trajectory's id (links written before sessions were grouped) opens its session, focused on it.
+    let warmup_id = aux.iter().find(|t| t["purpose"] == "warmup").unwrap()["trajectory_id"].clone();
+    let by_trajectory = get_json(&client, &format!("{base}/api/sessions/{}", warmup_id.as_str().unwrap())).await;
+    assert_eq!(by_trajectory["id"], CLAUDE_SESSION);
+    assert_eq!(by_trajectory["focus"], warmup_id);
+    // A text only a side trajectory's step holds finds its whole session, once.
+    let q = QUOTA_TEXT.replace(' ', "+");
+    let found = get_json(&client, &format!("{base}/api/sessions?q={q}")).await;
+    let found: Vec<&Value> = found["sessions"].as_array().unwrap().iter().map(|s| &s["id"]).collect();
+    assert_eq!(found, [CLAUDE_SESSION]);
+    // Time: sessions still running at the Claude Code session's start, by `llmtap sessions`' own times.
+    let since = row["started_at"].as_str().unwrap();
+    let mut want: Vec<&str> = groups
+        .iter()
+        .filter(|g| g["ended_at"].as_str().unwrap() >= since)
+        .map(|g| g["session_id"].as_str().unwrap())
+        .collect();
+    let page = get_json(&client, &format!("{base}/api/sessions?since={since}&limit=500")).await;
+    let mut got: Vec<&str> = page["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    want.sort_unstable();
+    got.sort_unstable();
+    assert_eq!(got, want);
+    assert!(got.contains(&CLAUDE_SESSION) && got.len() < listed.len(), "{got:?}");
 
     // The Anthropic session: its totals' cost is the sum of its calls' costs.
     let trajectory = anthropic[0]["trajectory_id"].as_str().unwrap();
@@ -301,7 +454,20 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
     let trajectory = anthropic[0]["trajectory_id"].as_str().unwrap().to_owned();
     let call = &anthropic[0];
     let (n_steps, n_results) = expected_steps(&tap, &trajectory);
-    let n_roots = roots(&tap.sessions_json()).len();
+    let groups = tap.session_groups();
+    let claude = group(&groups, CLAUDE_SESSION);
+    let claude_aux = auxiliary(claude).len();
+    let claude_trajectories = claude["trajectories"].as_array().unwrap().len();
+    let claude_main = claude["trajectories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["purpose"] == "main")
+        .unwrap()["trajectory_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (claude_steps, _) = expected_steps(&tap, &claude_main);
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
 
     let mut node = Command::new("node")
@@ -310,6 +476,8 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
         .arg(&trajectory)
         .arg(call["id"].as_str().unwrap())
         .arg(&shots)
+        .arg(CLAUDE_SESSION)
+        .arg(&claude_main)
         .env("CHROMIUM", &chromium)
         .stdout(Stdio::piped())
         .spawn()
@@ -324,6 +492,19 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
             let f = json_calls(1).remove(0);
             let scoped = [("x-llmtap-session", "viewer-live-check")];
             assert_eq!(send_fixture(&client, &tap, &f, &scoped).await.status, 200);
+        } else if line == "READY-FOR-SESSION-CALL" {
+            // Another call of the Claude Code session: its row must update in place.
+            let f = fixture(CLAUDE_MAIN[0]);
+            let probe = quota_probe(&serde_json::from_slice(&f.request).unwrap());
+            let r = send(
+                &client,
+                "POST",
+                &tap.url(&f.client_path),
+                &claude_headers(&f.name),
+                serde_json::to_vec(&probe).unwrap(),
+            )
+            .await;
+            assert_eq!(r.status, 200);
         } else if let Some(r) = line.strip_prefix("REPORT ") {
             report = Some(serde_json::from_str::<Value>(r).unwrap());
         }
@@ -334,10 +515,36 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
     assert_eq!(report["console_errors"], serde_json::json!([]), "{report:#}");
     assert!(report["csp"].as_str().unwrap().contains("default-src 'none'"));
 
-    // The list shows every top-level session, the Anthropic one among them.
+    // The list shows every session once: the Anthropic one (no native session id: its trajectory's id) and the
+    // Claude Code one as a single row, none of its side trajectories as a row of its own.
     let rows = report["sessions"].as_array().unwrap();
-    assert_eq!(rows.len(), n_roots);
+    assert_eq!(rows.len(), groups.len());
     assert!(rows.iter().any(|r| r["id"] == trajectory.as_str()));
+    assert_eq!(rows.iter().filter(|r| r["id"] == CLAUDE_SESSION).count(), 1);
+    let claude_ids: Vec<&Value> = claude["trajectories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["trajectory_id"])
+        .collect();
+    assert!(!rows.iter().any(|r| claude_ids.contains(&&r["id"])), "{rows:#?}");
+
+    // The Claude Code session page: its main trajectory's steps, every trajectory in the tree and the timeline,
+    // the side calls, title, warmup and quota probe dimmed.
+    let c = &report["claude"];
+    assert_eq!(c["tree_nodes"], claude_trajectories);
+    assert_eq!(c["dim_nodes"], claude_aux);
+    assert!(claude_aux >= 3, "{claude:#}");
+    assert_eq!(c["dim_purposes"].as_array().unwrap().len(), claude_aux);
+    assert!(c["dim_purposes"].as_array().unwrap().iter().all(|p| p != "main"));
+    assert_eq!(c["lanes"], claude_trajectories);
+    assert_eq!(c["dim_lanes"], claude_aux);
+    assert_eq!(c["selected"], claude_main.as_str());
+    assert_eq!(c["steps"], claude_steps);
+    // An old link naming the main trajectory opens the same session, the address rewritten to the session's.
+    assert_eq!(c["old_link"]["hash"], format!("#/s/{CLAUDE_SESSION}?t={claude_main}"));
+    assert_eq!(c["old_link"]["selected"], claude_main.as_str());
+    assert_eq!(c["old_link"]["tree_nodes"], claude_trajectories);
 
     // The session page: its tree, every step and every tool result of the main trajectory.
     let s = &report["session"];
@@ -368,4 +575,21 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
         live["after"].as_array().unwrap().len(),
         live["before"].as_u64().unwrap() as usize + 1
     );
+
+    // The call made in the Claude Code session while the list was open: the same single row, one more call, the
+    // count the store has for the session.
+    let live = &report["live_session"];
+    assert_eq!(live["marker"], "same page");
+    assert_eq!(live["rows"], report["live"]["after"].as_array().unwrap().len());
+    let count = |v: &Value| -> usize { v.as_str().unwrap().replace(',', "").parse().unwrap() };
+    let (before, after) = (&live["before"], &live["after"]);
+    assert_eq!(before.as_array().unwrap().len(), 1);
+    assert_eq!(after.as_array().unwrap().len(), 1);
+    let stored = tap
+        .export("provider-traces", &[])
+        .iter()
+        .filter(|t| t["session_id"] == CLAUDE_SESSION)
+        .count();
+    assert_eq!(count(&after[0]), count(&before[0]) + 1);
+    assert_eq!(count(&after[0]), stored);
 }

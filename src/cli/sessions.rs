@@ -29,7 +29,7 @@ pub fn group(rows: Vec<TrajectorySummary>) -> Vec<SessionView> {
     let mut order: Vec<String> = Vec::new();
     let mut by_session: BTreeMap<String, Vec<TrajectorySummary>> = BTreeMap::new();
     for t in rows {
-        let id = t.session_id.clone().unwrap_or_else(|| t.trajectory_id.clone());
+        let id = t.session_key().to_owned();
         if !by_session.contains_key(&id) {
             order.push(id.clone());
         }
@@ -70,15 +70,6 @@ fn cost_fields<S: serde::Serializer>(cost: &crate::model::cost::CostSum, s: S) -
     cost.usd.serialize(s)
 }
 
-/// The trajectory a trajectory hangs under in the tree: its parent, else the one it continues.
-fn tree_parent(t: &TrajectorySummary) -> Option<&str> {
-    t.parent_trajectory_id.as_deref().or(t.continues.as_deref())
-}
-
-fn is_auxiliary(t: &TrajectorySummary) -> bool {
-    t.purpose.is_some_and(|p| p.is_auxiliary())
-}
-
 fn duration(t: &TrajectorySummary) -> String {
     match (
         chrono::DateTime::parse_from_rfc3339(&t.started_at),
@@ -112,11 +103,11 @@ pub fn write_table(out: &mut impl Write, sessions: &[SessionView], all: bool) ->
             s.cost.display()
         )?;
         let ids: Vec<&str> = s.trajectories.iter().map(|t| t.trajectory_id.as_str()).collect();
-        let shown = |t: &TrajectorySummary| all || !is_auxiliary(t);
+        let shown = |t: &TrajectorySummary| all || !t.is_auxiliary();
         let roots = s
             .trajectories
             .iter()
-            .filter(|t| shown(t) && tree_parent(t).is_none_or(|p| !ids.contains(&p)));
+            .filter(|t| shown(t) && t.tree_parent().is_none_or(|p| !ids.contains(&p)));
         for t in roots {
             write_subtree(out, s, t, 1, all)?;
         }
@@ -163,7 +154,7 @@ fn write_subtree(
     for child in s
         .trajectories
         .iter()
-        .filter(|c| tree_parent(c) == Some(t.trajectory_id.as_str()) && (all || !is_auxiliary(c)))
+        .filter(|c| c.tree_parent() == Some(t.trajectory_id.as_str()) && (all || !c.is_auxiliary()))
     {
         write_subtree(out, s, child, depth + 1, all)?;
     }

@@ -193,6 +193,22 @@ pub struct Step {
 }
 
 impl TrajectorySummary {
+    /// The session the trajectory is grouped under: its session id, else (a row written without one) its own id.
+    /// The store's browse queries spell the same rule as `COALESCE(session_id, trajectory_id)`.
+    pub fn session_key(&self) -> &str {
+        self.session_id.as_deref().unwrap_or(&self.trajectory_id)
+    }
+
+    /// The trajectory this one hangs under in a session's tree: its parent, else the one it continues.
+    pub fn tree_parent(&self) -> Option<&str> {
+        self.parent_trajectory_id.as_deref().or(self.continues.as_deref())
+    }
+
+    /// A side call, title, warmup or quota probe: folded by `llmtap sessions`, dimmed by the viewer.
+    pub fn is_auxiliary(&self) -> bool {
+        self.purpose.is_some_and(Purpose::is_auxiliary)
+    }
+
     /// The cost of the trajectory's calls as a sum (see [`crate::model::cost::CostSum`]).
     pub fn cost(&self) -> crate::model::cost::CostSum {
         crate::model::cost::CostSum {

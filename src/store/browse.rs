@@ -1,8 +1,6 @@
 //! Reads for browsing (the web viewer): small keyset pages, newest sessions first, a trajectory's steps by index,
 //! a call's heads without bodies. Nothing here reads more than one page of bodies.
 
-use std::collections::HashMap;
-
 use rusqlite::{OptionalExtension, params_from_iter, types::Value as SqlValue};
 
 use super::StoreError;
@@ -13,20 +11,29 @@ use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::model::usage::Usage;
 
-/// Which top-level trajectories to list. All filters are optional; `before` resumes after the last row shown.
+/// Which sessions to list. All filters are optional; `before` resumes after the last row shown.
 #[derive(Debug, Clone, Default)]
 pub struct SessionQuery {
+    /// One of the session's trajectories has this agent.
     pub agent: Option<String>,
+    /// One of the session's trajectories used this model.
     pub model: Option<String>,
-    /// Unix micros: trajectories still running at or after this time.
+    /// Unix micros: sessions still running at or after this time.
     pub since_us: Option<i64>,
-    /// Unix micros: trajectories started at or before this time.
+    /// Unix micros: sessions started at or before this time.
     pub until_us: Option<i64>,
-    /// Substring of the trajectory summary (ids, agent, models) or of one of its steps.
+    /// Substring of one of the session's trajectory summaries (ids, agent, models) or of one of their steps.
     pub text: Option<String>,
-    /// Keyset cursor: (started_us, trajectory_id) of the last row of the previous page.
+    /// Keyset cursor: (started_us, session) of the last row of the previous page.
     pub before: Option<(i64, String)>,
     pub limit: u32,
+}
+
+/// A session of the list: its key (`TrajectorySummary::session_key`) and its first trajectory's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionHead {
+    pub session: String,
+    pub started_us: i64,
 }
 
 /// A call without its bodies or headers: enough for lists, timelines and cost.
@@ -46,79 +53,109 @@ pub struct CallHead {
     pub cost: Option<CostBreakdown>,
 }
 
-/// `(parent_trajectory_id, continues)` of every trajectory that has either, keyed by trajectory id.
-pub type TrajectoryLinks = HashMap<String, (Option<String>, Option<String>)>;
-
 impl StoreReader {
-    /// Top-level trajectories (no parent, not a continuation), newest first, one page.
-    pub fn root_trajectories(&self, q: &SessionQuery) -> Result<Vec<(i64, TrajectorySummary)>, StoreError> {
-        let mut cond = vec![
-            "json_extract(body, '$.parent_trajectory_id') IS NULL".to_owned(),
-            "json_extract(body, '$.continues') IS NULL".to_owned(),
-        ];
-        let mut params = Vec::new();
+    /// Sessions (every trajectory with the same session key), newest first by their first trajectory's start,
+    /// one page. A session matches the agent, model and text filters when one of its trajectories does.
+    pub fn session_page(&self, q: &SessionQuery) -> Result<Vec<SessionHead>, StoreError> {
+        // Conditions on one trajectory; a session is kept when any of its trajectories meets them all.
+        let mut member = Vec::new();
+        let mut member_params = Vec::new();
         if let Some(a) = &q.agent {
-            cond.push("json_extract(body, '$.agent') = ?".into());
-            params.push(SqlValue::Text(a.clone()));
+            member.push("json_extract(body, '$.agent') = ?".to_owned());
+            member_params.push(SqlValue::Text(a.clone()));
         }
         if let Some(m) = &q.model {
-            cond.push("EXISTS (SELECT 1 FROM json_each(body, '$.models') WHERE value = ?)".into());
-            params.push(SqlValue::Text(m.clone()));
-        }
-        if let Some(t) = q.since_us {
-            cond.push("ended_us >= ?".into());
-            params.push(SqlValue::Integer(t));
-        }
-        if let Some(t) = q.until_us {
-            cond.push("started_us <= ?".into());
-            params.push(SqlValue::Integer(t));
+            member.push("EXISTS (SELECT 1 FROM json_each(body, '$.models') WHERE value = ?)".into());
+            member_params.push(SqlValue::Text(m.clone()));
         }
         if let Some(text) = q.text.as_deref().filter(|t| !t.is_empty()) {
             let like = format!(
                 "%{}%",
                 text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
             );
-            // Searching step bodies scans the trajectory's steps (by index), only for rows the other filters kept;
-            // `step_text` (registered by `StoreReader::open`) reads a compressed step body as its JSON text.
-            cond.push(
+            // Searching step bodies scans the trajectory's steps (by index); `step_text` (registered by
+            // `StoreReader::open`) reads a compressed step body as its JSON text.
+            member.push(
                 "(body LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM steps s WHERE s.trajectory_id = \
                  trajectories.trajectory_id AND step_text(s.body) LIKE ? ESCAPE '\\'))"
                     .into(),
             );
-            params.push(SqlValue::Text(like.clone()));
-            params.push(SqlValue::Text(like));
+            member_params.push(SqlValue::Text(like.clone()));
+            member_params.push(SqlValue::Text(like));
+        }
+        let mut cond = vec!["1=1".to_owned()];
+        let mut params = Vec::new();
+        if let Some(t) = q.since_us {
+            cond.push("ended >= ?".into());
+            params.push(SqlValue::Integer(t));
+        }
+        if let Some(t) = q.until_us {
+            cond.push("started <= ?".into());
+            params.push(SqlValue::Integer(t));
         }
         if let Some((started, id)) = &q.before {
-            cond.push("(started_us, trajectory_id) < (?, ?)".into());
+            cond.push("(started, session) < (?, ?)".into());
             params.push(SqlValue::Integer(*started));
             params.push(SqlValue::Text(id.clone()));
         }
+        if !member.is_empty() {
+            cond.push(format!(
+                "session IN (SELECT COALESCE(session_id, trajectory_id) FROM trajectories WHERE {})",
+                member.join(" AND ")
+            ));
+            params.extend(member_params);
+        }
         params.push(SqlValue::Integer(i64::from(q.limit.clamp(1, 500))));
+        // One pass over the trajectories table (one small row per trajectory, not per call) grouped by session.
         let sql = format!(
-            "SELECT trajectory_id, body, NULL, NULL, started_us FROM trajectories WHERE {}
-             ORDER BY started_us DESC, trajectory_id DESC LIMIT ?",
+            "SELECT session, started FROM (
+                SELECT COALESCE(session_id, trajectory_id) AS session, MIN(started_us) AS started,
+                       MAX(ended_us) AS ended
+                FROM trajectories GROUP BY 1)
+             WHERE {} ORDER BY started DESC, session DESC LIMIT ?",
             cond.join(" AND ")
         );
         let mut stmt = self.conn.prepare_cached(&sql)?;
-        let mut rows = stmt.query(params_from_iter(params))?;
+        let rows = stmt.query_map(params_from_iter(params), |r| {
+            Ok(SessionHead {
+                session: r.get(0)?,
+                started_us: r.get(1)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The session `id` names: a session key, else the session of the trajectory with that id (so that a
+    /// trajectory's id leads to its whole session).
+    pub fn session_of(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let is_session = self
+            .conn
+            .prepare_cached("SELECT 1 FROM trajectories WHERE session_id = ?1 LIMIT 1")?
+            .exists([id])?;
+        if is_session {
+            return Ok(Some(id.to_owned()));
+        }
+        Ok(self
+            .conn
+            .prepare_cached("SELECT COALESCE(session_id, trajectory_id) FROM trajectories WHERE trajectory_id = ?1")?
+            .query_row([id], |r| r.get(0))
+            .optional()?)
+    }
+
+    /// Every trajectory of a session (by the `trajectories_session` index), oldest first, each with its start in
+    /// Unix micros, without system prompts and tool definitions.
+    pub fn session_trajectories(&self, session: &str) -> Result<Vec<(i64, TrajectorySummary)>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT trajectory_id, body, NULL, NULL, started_us FROM trajectories
+             WHERE session_id = ?1 OR (session_id IS NULL AND trajectory_id = ?1)
+             ORDER BY started_us, trajectory_id",
+        )?;
+        let mut rows = stmt.query([session])?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
             out.push((row.get(4)?, summary_from_row(row)?));
         }
         Ok(out)
-    }
-
-    /// Parent and continuation links of all trajectories: one pass over the table's small JSON bodies, so that
-    /// finding a session's sub-agents and continuations is a walk in memory instead of a scan per level.
-    pub fn trajectory_links(&self) -> Result<TrajectoryLinks, StoreError> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT trajectory_id, json_extract(body, '$.parent_trajectory_id'), json_extract(body, '$.continues')
-             FROM trajectories
-             WHERE json_extract(body, '$.parent_trajectory_id') IS NOT NULL
-                OR json_extract(body, '$.continues') IS NOT NULL",
-        )?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, (r.get(1)?, r.get(2)?))))?;
-        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// One trajectory's summary without its system prompts and tool definitions.

@@ -13,7 +13,7 @@ mod read;
 mod schema;
 mod write;
 
-pub use browse::{CallHead, SessionQuery, TrajectoryLinks};
+pub use browse::{CallHead, SessionHead, SessionQuery};
 pub use read::{Cursor, SessionRow, StoreReader, TraceFilter};
 pub use write::{StoreTx, StoreWriter};
 

@@ -1,15 +1,18 @@
 // Drives headless Chromium through the llmtap viewer and reports what a user sees, as one JSON line on stdout.
 // The assertions live in tests/viewer.rs; this script only looks and takes screenshots.
 //
-// usage: node viewer.mjs <viewer base URL> <session id> <call id> <screenshot dir>
+// usage: node viewer.mjs <viewer base URL> <session id> <call id> <screenshot dir> <native session id>
+//        <a trajectory id of that session>
 // Protocol: prints "READY-FOR-CALL" once the sessions list is open, then waits (up to 30 s) for a new session
-// row to appear without a reload (the test makes a call meanwhile), then prints the report line.
+// row to appear without a reload (the test makes a call meanwhile); then prints "READY-FOR-SESSION-CALL" and
+// waits for the native session's row to count one more call (the test makes a call in that session), then
+// prints the report line.
 import { chromium } from 'playwright-core';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-const [base, sessionId, callId, shots] = process.argv.slice(2);
+const [base, sessionId, callId, shots, nativeSession, nativeTrajectory] = process.argv.slice(2);
 fs.mkdirSync(shots, { recursive: true });
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'llmtap-chromium-'));
 const browser = await chromium.launchPersistentContext(profile, {
@@ -46,6 +49,30 @@ try {
   }));
   await page.screenshot({ path: path.join(shots, 'session.png'), fullPage: true });
 
+  // A session with a native id: its side calls, titles, warmups and quota probes dimmed under the run.
+  await page.goto(base + '#/s/' + encodeURIComponent(nativeSession));
+  await ready();
+  const treeView = () => page.evaluate(() => ({
+    hash: location.hash,
+    tree_nodes: document.querySelectorAll('#tree .node').length,
+    selected: document.querySelector('#tree .node.sel')?.dataset.id ?? null,
+  }));
+  report.claude = {
+    ...(await treeView()),
+    ...(await page.evaluate(() => ({
+      dim_nodes: document.querySelectorAll('#tree .node.dim').length,
+      dim_purposes: [...document.querySelectorAll('#tree .node.dim')].map((n) => n.dataset.purpose ?? null),
+      lanes: document.querySelectorAll('#timeline .lane').length,
+      dim_lanes: document.querySelectorAll('#timeline .lane.dim').length,
+      steps: document.querySelectorAll('#steps .step').length,
+    }))),
+  };
+  await page.screenshot({ path: path.join(shots, 'session-native.png'), fullPage: true });
+  // A link naming one of its trajectories (as written before sessions were grouped) opens the session.
+  await page.goto(base + '#/s/' + encodeURIComponent(nativeTrajectory));
+  await ready();
+  report.claude.old_link = await treeView();
+
   await page.goto(base + '#/c/' + encodeURIComponent(callId));
   await ready();
   report.call = await page.evaluate(() => ({
@@ -70,6 +97,22 @@ try {
     marker: await page.evaluate(() => window.__llmtapMarker || null),
   };
   await page.screenshot({ path: path.join(shots, 'sessions-live.png'), fullPage: true });
+
+  // A call in an existing session updates its row; no second row appears.
+  const nativeRow = () => page.$$eval('#sessions tr', (rows, id) => rows.filter((r) => r.dataset.id === id)
+    .map((r) => r.querySelector('td.calls').textContent), nativeSession);
+  const callsBefore = await nativeRow();
+  console.log('READY-FOR-SESSION-CALL');
+  await page.waitForFunction(([id, before]) => {
+    const rows = [...document.querySelectorAll('#sessions tr')].filter((r) => r.dataset.id === id);
+    return rows.length === 1 && rows[0].querySelector('td.calls').textContent !== before;
+  }, [nativeSession, callsBefore[0]], { timeout: 30000 });
+  report.live_session = {
+    before: callsBefore,
+    after: await nativeRow(),
+    rows: await page.$$eval('#sessions tr', (rows) => rows.length),
+    marker: await page.evaluate(() => window.__llmtapMarker || null),
+  };
 } catch (e) {
   report.error = String(e);
 } finally {

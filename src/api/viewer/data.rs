@@ -10,11 +10,11 @@ use serde_json::{Map, Value, json};
 
 use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, Outcome};
-use crate::model::step::{Step, TrajectorySummary};
+use crate::model::step::{Purpose, Step, TrajectorySummary};
 use crate::model::trace::{ProviderTrace, rfc3339};
 use crate::model::usage::Usage;
 use crate::proxy::redact::Redactor;
-use crate::store::{CallHead, SessionQuery, StoreError, StoreReader, TrajectoryLinks};
+use crate::store::{CallHead, SessionQuery, StoreError, StoreReader};
 
 /// What the data functions need besides the store.
 pub struct Context {
@@ -24,72 +24,79 @@ pub struct Context {
     pub redactor: Redactor,
 }
 
-/// One page of top-level sessions (newest first) with their totals over every trajectory below them.
+/// One page of sessions (newest first), one row per session id, with totals over every trajectory of the
+/// session: main runs, sub-agents, continuations, side calls, titles, warmups and quota probes.
 pub fn list_sessions(reader: &StoreReader, query: &SessionQuery) -> Result<Value, StoreError> {
-    let roots = reader.root_trajectories(query)?;
-    let links = reader.trajectory_links()?;
-    let children = children_of(&links);
-    let mut rows = Vec::with_capacity(roots.len());
-    for (_, root) in &roots {
-        let tree = descendants(&root.trajectory_id, &children);
+    let heads = reader.session_page(query)?;
+    let mut rows = Vec::with_capacity(heads.len());
+    for head in &heads {
+        let trajectories = reader.session_trajectories(&head.session)?;
         let mut totals = Totals::default();
-        for id in &tree {
-            for call in reader.call_heads(id)? {
+        for (_, t) in &trajectories {
+            for call in reader.call_heads(&t.trajectory_id)? {
                 totals.add(&call);
             }
         }
+        let summaries: Vec<&TrajectorySummary> = trajectories.iter().map(|(_, t)| t).collect();
+        let lead = lead_trajectory(&summaries);
         rows.push(json!({
-            "id": root.trajectory_id,
-            "session_id": root.session_id,
-            "agent": root.agent,
+            "id": head.session,
+            "session_id": head.session,
+            "agent": lead.and_then(|t| t.agent.clone()),
             "models": totals.models.iter().collect::<Vec<_>>(),
-            "started_at": root.started_at,
-            "trajectories": tree.len(),
-            "closed": root.closed,
+            "started_at": rfc3339(head.started_us),
+            "trajectories": trajectories.len(),
+            "side_trajectories": summaries.iter().filter(|t| is_dimmed(t)).count(),
+            "closed": summaries.iter().all(|t| t.closed),
             "totals": totals.to_json(),
         }));
     }
-    let next = match roots.last() {
-        Some((started, last)) if roots.len() as u32 >= query.limit => Some(format!("{started}:{}", last.trajectory_id)),
+    let next = match heads.last() {
+        Some(last) if heads.len() as u32 >= query.limit => Some(format!("{}:{}", last.started_us, last.session)),
         _ => None,
     };
     Ok(json!({ "sessions": rows, "next": next }))
 }
 
-/// A session: the trajectory tree under the top-level trajectory `id` belongs to, each with its totals.
+/// A session: every trajectory with its session id, arranged as a tree (see [`arrange`]), each with its totals.
+/// `id` is a session id or the id of one of its trajectories (then `focus` names it, for the page to select).
 pub fn session(reader: &StoreReader, id: &str) -> Result<Option<Value>, StoreError> {
-    let links = reader.trajectory_links()?;
-    let root = root_of(id, &links);
-    let Some(root_summary) = reader.trajectory_light(&root)? else {
+    let Some(session) = reader.session_of(id)? else {
         return Ok(None);
     };
-    let children = children_of(&links);
+    let rows = reader.session_trajectories(&session)?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let summaries: Vec<&TrajectorySummary> = rows.iter().map(|(_, t)| t).collect();
     let mut all = Totals::default();
-    let mut trajectories = Vec::new();
-    for tid in descendants(&root, &children) {
-        let summary = if tid == root {
-            root_summary.clone()
-        } else {
-            match reader.trajectory_light(&tid)? {
-                Some(s) => s,
-                None => continue,
-            }
-        };
+    let mut trajectories = Vec::with_capacity(rows.len());
+    for node in arrange(&summaries) {
+        let summary = summaries[node.index];
         let mut totals = Totals::default();
-        for call in reader.call_heads(&tid)? {
+        for call in reader.call_heads(&summary.trajectory_id)? {
             totals.add(&call);
             all.add(&call);
         }
-        trajectories.push(trajectory_json(&summary, &totals));
+        let mut v = trajectory_json(summary, &totals);
+        if let Value::Object(map) = &mut v {
+            map.insert("under".into(), json!(node.under.map(|i| &summaries[i].trajectory_id)));
+            map.insert("depth".into(), json!(node.depth));
+            map.insert("run".into(), json!(node.run));
+        }
+        trajectories.push(v);
     }
+    let lead = lead_trajectory(&summaries);
+    let focus = summaries.iter().any(|t| t.trajectory_id == id).then_some(id);
     Ok(Some(json!({
-        "id": root,
-        "agent": root_summary.agent,
-        "session_id": root_summary.session_id,
-        "started_at": root_summary.started_at,
+        "id": session,
+        "session_id": session,
+        "focus": focus,
+        "agent": lead.and_then(|t| t.agent.clone()),
+        "started_at": rows.first().map(|(started, _)| rfc3339(*started)),
         "totals": all.to_json(),
         "trajectories": trajectories,
-        "exports": export_links(&root),
+        "exports": export_links(&session),
     })))
 }
 
@@ -101,6 +108,7 @@ fn trajectory_json(s: &TrajectorySummary, totals: &Totals) -> Value {
         "steps": s.steps,
         "llm_calls": s.llm_calls,
         "call_types": s.call_types,
+        "purpose": s.purpose.map(|p| p.as_str()),
         "started_at": s.started_at,
         "ended_at": s.ended_at,
         "parent_trajectory_id": s.parent_trajectory_id,
@@ -108,10 +116,119 @@ fn trajectory_json(s: &TrajectorySummary, totals: &Totals) -> Value {
         "parent_tool_call_id": s.parent_tool_call_id,
         "continues": s.continues,
         "closed": s.closed,
-        // Warmups and other side calls: shown dimmed. A trajectory made only of them is a side trajectory.
-        "side": !s.call_types.is_empty() && s.call_types.iter().all(|c| c != "main" && c != "subagent"),
+        "side": is_dimmed(s),
         "totals": totals.to_json(),
     })
+}
+
+/// Shown dimmed: side calls, titles, warmups, quota probes (`TrajectorySummary::is_auxiliary`) and compaction
+/// summaries. A row written before trajectories had a purpose is dimmed when none of its calls is a main or
+/// sub-agent call.
+fn is_dimmed(s: &TrajectorySummary) -> bool {
+    match s.purpose {
+        Some(p) => p.is_auxiliary() || p == Purpose::Compaction,
+        None => !s.call_types.is_empty() && s.call_types.iter().all(|c| c != "main" && c != "subagent"),
+    }
+}
+
+/// The trajectory that names a session (its agent): the first one not dimmed, else the first.
+fn lead_trajectory<'a>(trajectories: &[&'a TrajectorySummary]) -> Option<&'a TrajectorySummary> {
+    trajectories
+        .iter()
+        .find(|t| !is_dimmed(t))
+        .or_else(|| trajectories.first())
+        .copied()
+}
+
+/// A trajectory's place in a session's tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TreeNode {
+    /// Index into the session's trajectories.
+    index: usize,
+    /// The node it is shown under (None: a top-level run).
+    under: Option<usize>,
+    depth: usize,
+    /// 1, 2, ... for the top-level runs when the session has more than one (`claude -p` twice in one
+    /// session), None otherwise.
+    run: Option<usize>,
+}
+
+/// A session's trajectories (oldest first) in the order the page shows them, depth first:
+/// - top-level runs: trajectories not dimmed with no parent or continued trajectory in the session;
+/// - under each, its sub-agents and continuations (`TrajectorySummary::tree_parent`), oldest first;
+/// - then, still under the run, the dimmed trajectories without a parent (warmups, quota probes, titles,
+///   side calls) that started while it was the latest run (those before the first run go under the first);
+/// - a session with no run shows its dimmed trajectories at the top level. Trajectories caught in a corrupt
+///   link cycle come last, at the top level.
+fn arrange(trajectories: &[&TrajectorySummary]) -> Vec<TreeNode> {
+    let index: HashMap<&str, usize> = trajectories
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.trajectory_id.as_str(), i))
+        .collect();
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); trajectories.len()];
+    let mut runs = Vec::new();
+    let mut loose = Vec::new();
+    for (i, t) in trajectories.iter().enumerate() {
+        match t.tree_parent().and_then(|p| index.get(p).copied()) {
+            Some(p) if p != i => children[p].push(i),
+            _ if is_dimmed(t) => loose.push(i),
+            _ => runs.push(i),
+        }
+    }
+    // Loose side trajectories join the latest run started before them (input is oldest first).
+    let mut side_of: Vec<Vec<usize>> = vec![Vec::new(); trajectories.len()];
+    let mut top = Vec::new();
+    for i in loose {
+        match runs.iter().rev().find(|&&r| r < i).or(runs.first()) {
+            Some(&r) => side_of[r].push(i),
+            None => top.push(i),
+        }
+    }
+    let numbered = runs.len() > 1;
+    let mut walk = TreeWalk {
+        children: &children,
+        side_of: &side_of,
+        seen: vec![false; trajectories.len()],
+        out: Vec::with_capacity(trajectories.len()),
+    };
+    for (n, &r) in runs.iter().enumerate() {
+        walk.visit(r, None, 0, numbered.then_some(n + 1));
+    }
+    for &i in &top {
+        walk.visit(i, None, 0, None);
+    }
+    for i in 0..trajectories.len() {
+        walk.visit(i, None, 0, None);
+    }
+    walk.out
+}
+
+/// A depth-first walk of the arranged tree; `seen` keeps a corrupt link cycle from looping.
+struct TreeWalk<'a> {
+    children: &'a [Vec<usize>],
+    side_of: &'a [Vec<usize>],
+    seen: Vec<bool>,
+    out: Vec<TreeNode>,
+}
+
+impl TreeWalk<'_> {
+    fn visit(&mut self, i: usize, under: Option<usize>, depth: usize, run: Option<usize>) {
+        if self.seen[i] {
+            return;
+        }
+        self.seen[i] = true;
+        self.out.push(TreeNode {
+            index: i,
+            under,
+            depth,
+            run,
+        });
+        let (children, side_of) = (self.children, self.side_of);
+        for &c in children[i].iter().chain(&side_of[i]) {
+            self.visit(c, Some(i), depth + 1, None);
+        }
+    }
 }
 
 /// A page of a trajectory's steps after `after`, each agent step with its cost.
@@ -152,9 +269,11 @@ pub fn call(reader: &StoreReader, ctx: &Context, trace_id: &str) -> Result<Optio
     };
     let previous = reader.previous_call(&trace)?;
     let step = reader.step_for_trace(trace_id)?;
-    let root = match &trace.trajectory_id {
-        Some(t) => Some(root_of(t, &reader.trajectory_links()?)),
-        None => None,
+    // The session the page links back to: the trace's own, else its trajectory's.
+    let root = match (&trace.session_id, &trace.trajectory_id) {
+        (Some(s), _) => Some(s.clone()),
+        (None, Some(t)) => reader.session_of(t)?,
+        (None, None) => None,
     };
     let request = trace.request.to_value();
     let prev_request = previous.as_ref().map(|p| p.request.to_value());
@@ -384,45 +503,85 @@ impl Totals {
     }
 }
 
-fn children_of(links: &TrajectoryLinks) -> HashMap<&str, Vec<&str>> {
-    let mut children: HashMap<&str, Vec<&str>> = HashMap::new();
-    for (id, (parent, continues)) in links {
-        for p in [parent, continues].into_iter().flatten() {
-            children.entry(p.as_str()).or_default().push(id.as_str());
-        }
-    }
-    for list in children.values_mut() {
-        list.sort_unstable();
-    }
-    children
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// `root` and every trajectory below it (sub-agents, continuations), root first.
-fn descendants(root: &str, children: &HashMap<&str, Vec<&str>>) -> Vec<String> {
-    let mut out = vec![root.to_owned()];
-    let mut i = 0;
-    while i < out.len() {
-        if let Some(list) = children.get(out[i].as_str()) {
-            for c in list {
-                // Links form a forest; the check keeps a corrupt cycle from looping.
-                if !out.iter().any(|o| o == c) {
-                    out.push((*c).to_owned());
-                }
-            }
+    fn traj(id: &str, purpose: Purpose, parent: Option<&str>, continues: Option<&str>) -> TrajectorySummary {
+        TrajectorySummary {
+            trajectory_id: id.into(),
+            session_id: Some("s".into()),
+            purpose: Some(purpose),
+            parent_trajectory_id: parent.map(str::to_owned),
+            continues: continues.map(str::to_owned),
+            ..TrajectorySummary::default()
         }
-        i += 1;
     }
-    out
-}
 
-/// The top-level trajectory above `id`.
-fn root_of(id: &str, links: &TrajectoryLinks) -> String {
-    let mut cur = id.to_owned();
-    for _ in 0..links.len() + 1 {
-        match links.get(&cur) {
-            Some((Some(parent), _)) | Some((None, Some(parent))) => cur = parent.clone(),
-            _ => break,
-        }
+    /// (id, under, depth, run) in page order.
+    fn shape(rows: &[TrajectorySummary]) -> Vec<(String, Option<String>, usize, Option<usize>)> {
+        let refs: Vec<&TrajectorySummary> = rows.iter().collect();
+        arrange(&refs)
+            .into_iter()
+            .map(|n| {
+                (
+                    rows[n.index].trajectory_id.clone(),
+                    n.under.map(|u| rows[u].trajectory_id.clone()),
+                    n.depth,
+                    n.run,
+                )
+            })
+            .collect()
     }
-    cur
+
+    fn row(
+        id: &str,
+        under: Option<&str>,
+        depth: usize,
+        run: Option<usize>,
+    ) -> (String, Option<String>, usize, Option<usize>) {
+        (id.into(), under.map(str::to_owned), depth, run)
+    }
+
+    #[test]
+    fn side_calls_go_under_the_run_they_happened_in_and_sub_agents_under_their_parent() {
+        // Oldest first, as the store reads them.
+        let rows = vec![
+            traj("quota", Purpose::Quota, None, None),
+            traj("main1", Purpose::Main, None, None),
+            traj("warm", Purpose::Warmup, None, None),
+            traj("sub", Purpose::Subagent, Some("main1"), None),
+            traj("cont", Purpose::Main, None, Some("main1")),
+            traj("main2", Purpose::Main, None, None),
+            traj("title", Purpose::Title, None, None),
+        ];
+        assert_eq!(
+            shape(&rows),
+            vec![
+                row("main1", None, 0, Some(1)),
+                row("sub", Some("main1"), 1, None),
+                row("cont", Some("main1"), 1, None),
+                row("quota", Some("main1"), 1, None),
+                row("warm", Some("main1"), 1, None),
+                row("main2", None, 0, Some(2)),
+                row("title", Some("main2"), 1, None),
+            ]
+        );
+        assert!(is_dimmed(&rows[0]) && is_dimmed(&rows[2]) && is_dimmed(&rows[6]));
+        assert!(!is_dimmed(&rows[3]) && !is_dimmed(&rows[4]));
+    }
+
+    #[test]
+    fn a_session_of_side_calls_only_and_a_link_cycle_still_show_every_trajectory() {
+        let rows = vec![
+            traj("w", Purpose::Warmup, None, None),
+            traj("a", Purpose::Main, Some("b"), None),
+            traj("b", Purpose::Main, Some("a"), None),
+        ];
+        let got = shape(&rows);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0], row("w", None, 0, None));
+        let single = vec![traj("only", Purpose::Main, None, None)];
+        assert_eq!(shape(&single), vec![row("only", None, 0, None)]);
+    }
 }

@@ -335,13 +335,17 @@ impl Viewer {
                     Ok(LiveEvent::Trace(t)) => (
                         "call",
                         json!({
-                            "id": t.id, "trajectory_id": t.trajectory_id, "agent": t.agent, "model": t.model,
+                            "id": t.id, "trajectory_id": t.trajectory_id, "session_id": t.session,
+                            "agent": t.agent, "model": t.model,
                             "status": t.status, "outcome": t.outcome.as_str(),
                         }),
                     ),
                     Ok(LiveEvent::Step(s)) => (
                         "step",
-                        json!({"step_id": s.step_id, "trajectory_id": s.trajectory_id, "step_index": s.step_index}),
+                        json!({
+                            "step_id": s.step_id, "trajectory_id": s.trajectory_id, "session_id": s.session_id,
+                            "step_index": s.step_index,
+                        }),
                     ),
                     Err(broadcast::error::RecvError::Lagged(n)) => ("lagged", json!({ "skipped": n })),
                     Err(broadcast::error::RecvError::Closed) => return,

@@ -1,5 +1,6 @@
 // llmtap viewer: plain JS, no build step. Pages are rendered from the JSON API with DOM nodes and textContent
-// only (captured content is never parsed as HTML). Routes: #/ sessions, #/s/<id> session, #/c/<id> call.
+// only (captured content is never parsed as HTML). Routes: #/ sessions, #/s/<session>[?t=<trajectory>] session
+// (a trajectory id in place of the session id opens its session), #/c/<id> call.
 'use strict';
 
 const main = document.getElementById('main');
@@ -92,7 +93,8 @@ async function sessionsPage(params) {
   const body = h('tbody', { id: 'sessions' });
   const more = h('button', { hidden: true }, 'More');
   const table = h('table', {}, h('thead', {}, h('tr', {},
-    h('th', {}, 'Agent'), h('th', {}, 'Models'), h('th', {}, 'Started'), h('th', { class: 'num' }, 'Duration'),
+    h('th', {}, 'Session'), h('th', {}, 'Agent'), h('th', {}, 'Models'), h('th', {}, 'Started'), h('th', { class: 'num' }, 'Duration'),
+    h('th', { class: 'num' }, 'Trajectories'),
     h('th', { class: 'num' }, 'Calls'), h('th', { class: 'num' }, 'Input'), h('th', { class: 'num' }, 'Output'),
     h('th', { class: 'num' }, 'Cache read'), h('th', { class: 'num' }, 'Cache write'),
     h('th', { class: 'num' }, 'Cost'), h('th', { class: 'num' }, 'Errors'))), body);
@@ -104,9 +106,13 @@ async function sessionsPage(params) {
   const row = (s) => {
     const t = s.totals;
     return h('tr', { class: !first && !seen.has(s.id) ? 'new' : null, 'data-id': s.id },
-      h('td', {}, h('a', { href: '#/s/' + enc(s.id) }, s.agent || s.id.slice(0, 12))),
+      h('td', {}, h('a', { href: '#/s/' + enc(s.id), title: s.id }, s.id.length > 36 ? s.id.slice(0, 35) + '…' : s.id)),
+      h('td', {}, s.agent || ''),
       h('td', {}, s.models.join(', ')), h('td', {}, time(s.started_at)),
-      h('td', { class: 'num' }, dur(t.duration_ms)), h('td', { class: 'num' }, num(t.calls)),
+      h('td', { class: 'num' }, dur(t.duration_ms)),
+      h('td', { class: 'num', title: 'side calls, titles, warmups and quota probes are counted apart' },
+        num(s.trajectories - s.side_trajectories), s.side_trajectories ? h('span', { class: 'muted' }, ' + ' + num(s.side_trajectories) + ' side') : null),
+      h('td', { class: 'num calls' }, num(t.calls)),
       h('td', { class: 'num' }, num(t.input_tokens)), h('td', { class: 'num' }, num(t.output_tokens)),
       h('td', { class: 'num' }, num(t.cache_read_tokens)), h('td', { class: 'num' }, num(t.cache_write_tokens)),
       h('td', { class: 'num cost' }, cost(t)),
@@ -132,10 +138,13 @@ async function sessionsPage(params) {
 }
 
 // --- session page ---
-async function sessionPage(id) {
+async function sessionPage(id, params) {
   const s = await get('api/sessions/' + enc(id));
   const byId = new Map(s.trajectories.map((t) => [t.id, t]));
-  let selected = s.id;
+  const focus = s.focus || params.get('t');
+  // An old link naming a trajectory: show its session's address, keeping the trajectory selected.
+  if (s.id !== id) history.replaceState(null, '', '#/s/' + enc(s.id) + (focus ? '?t=' + enc(focus) : ''));
+  let selected = byId.has(focus) ? focus : s.trajectories[0].id;
   const t = s.totals;
   const totals = h('div', { class: 'totals' },
     ...[['Calls', num(t.calls)], ['Duration', dur(t.duration_ms)], ['Input', num(t.input_tokens)],
@@ -151,25 +160,28 @@ async function sessionPage(id) {
     totals, exports, h('h2', {}, 'Trajectories'), treeBox, h('h2', {}, 'Timeline'), timeline,
     h('h2', { id: 'steps-title' }, 'Steps'), stepsBox);
 
-  // Tree: sub-agents under the tool call that started them, continuations after what they continue.
+  // Tree, as the server arranged it (`under`): runs, their sub-agents under the tool call that started them,
+  // continuations under what they continue, then the run's side calls, titles, warmups and quota probes, dimmed.
   const kids = new Map();
+  const tops = [];
   for (const tr of s.trajectories) {
-    const p = tr.parent_trajectory_id || tr.continues;
-    if (p && byId.has(p)) { if (!kids.has(p)) kids.set(p, []); kids.get(p).push(tr); }
+    if (tr.under && byId.has(tr.under)) { if (!kids.has(tr.under)) kids.set(tr.under, []); kids.get(tr.under).push(tr); }
+    else tops.push(tr);
   }
   function node(tr) {
     const how = tr.continues ? 'continues ' + tr.continues.slice(0, 8)
       : tr.parent_tool_call_id ? 'sub-agent of tool call ' + tr.parent_tool_call_id
-        + (tr.parent_step !== undefined && tr.parent_step !== null ? ' (step ' + tr.parent_step + ')' : '') : 'main';
+        + (tr.parent_step !== undefined && tr.parent_step !== null ? ' (step ' + tr.parent_step + ')' : '')
+        : tr.purpose || (tr.side ? 'side' : 'main');
     const label = h('span', { class: 'node' + (tr.id === selected ? ' sel' : '') + (tr.side ? ' dim' : ''),
-      'data-id': tr.id, onclick: () => select(tr.id) },
+      'data-id': tr.id, 'data-purpose': tr.purpose, onclick: () => select(tr.id) },
+    tr.run ? h('span', { class: 'run' }, '#' + tr.run) : null,
     h('b', {}, tr.agent || 'agent'), ' ', h('span', { class: 'via' }, how), ' · ',
-    num(tr.steps) + ' steps · ' + num(tr.llm_calls) + ' calls · ' + cost(tr.totals),
-    tr.call_types.includes('warmup') ? ' · warmup' : '');
+    num(tr.steps) + ' steps · ' + num(tr.llm_calls) + ' calls · ' + cost(tr.totals));
     const children = (kids.get(tr.id) || []).map(node);
     return h('li', {}, label, children.length ? h('ul', {}, children) : null);
   }
-  treeBox.replaceChildren(h('ul', {}, node(byId.get(s.id))));
+  treeBox.replaceChildren(h('ul', {}, tops.map(node)));
 
   // Timeline: one lane per trajectory; bars from the first page of each lane's steps.
   const lanes = await Promise.all(s.trajectories.slice(0, 20).map(async (tr) =>
@@ -193,7 +205,8 @@ async function sessionPage(id) {
   }
   await select(selected);
   main.dataset.ready = '1';
-  onLive = (ev) => { if (byId.has(ev.trajectory_id) || !ev.trajectory_id) route(); };
+  // A call or step of this session (a new side call included) redraws the page.
+  onLive = (ev) => { if (ev.session_id === s.id || byId.has(ev.trajectory_id) || !ev.trajectory_id) route(); };
 }
 
 function drawTimeline(box, lanes) {
@@ -228,7 +241,8 @@ function drawTimeline(box, lanes) {
           title: tc.tool_name + ' · ' + dur(tc.duration_ms) }));
       }
     }
-    return h('div', { class: 'lane' + (tr.side ? ' dim' : '') }, h('span', { class: 'label' }, tr.agent || tr.id.slice(0, 8)), track);
+    const name = (tr.run ? '#' + tr.run + ' ' : '') + (tr.agent || tr.id.slice(0, 8)) + (tr.side ? ' · ' + (tr.purpose || 'side') : '');
+    return h('div', { class: 'lane' + (tr.side ? ' dim' : ''), 'data-id': tr.id }, h('span', { class: 'label', title: name }, name), track);
   }));
 }
 
@@ -313,7 +327,7 @@ async function route() {
   const hash = location.hash.slice(1) || '/';
   const [path, qs] = hash.split('?');
   try {
-    if (path.startsWith('/s/')) await sessionPage(decodeURIComponent(path.slice(3)));
+    if (path.startsWith('/s/')) await sessionPage(decodeURIComponent(path.slice(3)), new URLSearchParams(qs || ''));
     else if (path.startsWith('/c/')) await callPage(decodeURIComponent(path.slice(3)));
     else await sessionsPage(new URLSearchParams(qs || ''));
   } catch (e) {
