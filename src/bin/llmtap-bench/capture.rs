@@ -6,6 +6,9 @@
 //!   store + OTLP export on, as separate processes) drops no exchange, for the ~2 KB chat completion and for a
 //!   ~30 KB agent request (a 20-turn conversation); rates step up until exchanges are dropped or the proxy
 //!   cannot carry the rate any more.
+//! - `store-rate`: the capacity of capture's background half alone: the pipeline thread and the store writer
+//!   (in-process, no proxy, no export), fed exchanges as fast as they take them, with the CPU each thread
+//!   spent per exchange. What `lossless` can reach is bounded by this, less what the proxy's own work takes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -249,5 +252,98 @@ pub fn lossless(smoke: bool) {
                 fmt_rate(rates[0] as f64)
             ),
         }
+    }
+}
+
+/// CPU time (user + system) of this process's threads named `name`, in microseconds.
+fn thread_cpu_us(name: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    let tick_us = 1_000_000 / 100; // USER_HZ is 100 on Linux
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .filter_map(|stat| {
+            // Fields after the command name's closing parenthesis: utime and stime are the 12th and 13th.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum::<u64>()
+        * tick_us
+}
+
+/// `store-rate`: `n` exchanges through the real pipeline and store writer as fast as they take them, for the
+/// lossless bench's two workloads: the same ~2 KB chat completion each time (every call its own one-call
+/// trajectory) and ~30 KB agent requests of 100 sessions in turn. Prints exchanges per second until every
+/// trajectory is closed and stored, and the CPU the pipeline and store threads spent per exchange.
+pub fn store_rate(n: usize) {
+    let request = String::from_utf8_lossy(&super::servers::chat_request_body()).into_owned();
+    let response = String::from_utf8_lossy(&super::servers::chat_completion_body()).into_owned();
+    let agent: Vec<String> = (0..100).map(|s| agent_request(s, 20)).collect();
+    type Make<'a> = Box<dyn Fn(usize) -> (String, String) + 'a>;
+    let workloads: [(&str, Make); 2] = [
+        (
+            "~2 KB chat completion, the same each time",
+            Box::new(|_| (request.clone(), response.clone())),
+        ),
+        (
+            "~30 KB agent request, 100 sessions in turn",
+            Box::new(|i| (agent[i % 100].clone(), agent_response(i % 100, 20))),
+        ),
+    ];
+    for (label, make) in workloads {
+        let Some(dir) = super::derive::tempfile_dir() else {
+            return;
+        };
+        let metrics = Arc::new(Metrics::default());
+        let Some(InProcess {
+            tx,
+            pipeline,
+            store_thread,
+        }) = InProcess::start(&dir, &metrics)
+        else {
+            return;
+        };
+        let bodies: Vec<(String, String)> = (0..n).map(&make).collect();
+        let (pipe0, store0) = (thread_cpu_us("llmtap-pipeline"), thread_cpu_us("llmtap-store"));
+        let t0 = Instant::now();
+        for (i, (req, resp)) in bodies.into_iter().enumerate() {
+            // Stay within the capture queue's bounds: nothing may be dropped.
+            while i as u64 - metrics.processed.get() >= 2_000 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            tx.try_send(exchange(i as u128 + 1, req, resp, llmtap::capture::now_micros()));
+        }
+        // Until every exchange is processed and its records are committed (the store count stops moving).
+        let mut stored = metrics.stored.get();
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = metrics.stored.get();
+            if metrics.processed.get() >= n as u64 && now == stored {
+                break;
+            }
+            stored = now;
+        }
+        let secs = (t0.elapsed() - Duration::from_millis(100)).as_secs_f64();
+        let (pipe1, store1) = (thread_cpu_us("llmtap-pipeline"), thread_cpu_us("llmtap-store"));
+        // Closing the trajectories still open (up to the open limit) happens at shutdown: timed apart.
+        let t1 = Instant::now();
+        drop(tx);
+        let _ = pipeline.join();
+        let _ = store_thread.join();
+        let per = |a: u64, b: u64| (b - a) as f64 / n as f64;
+        println!(
+            "store rate, {label}: {n} exchanges in {secs:.2} s = {} exchanges/s ({} dropped); CPU per \
+             exchange: pipeline {:.0} µs, store {:.0} µs; closing the open trajectories at shutdown {:.2} s",
+            fmt_rate(n as f64 / secs),
+            metrics.capture_dropped.get(),
+            per(pipe0, pipe1),
+            per(store0, store1),
+            t1.elapsed().as_secs_f64(),
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

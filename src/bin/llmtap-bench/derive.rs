@@ -255,7 +255,7 @@ fn latency_to_store(calls: usize) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn tempfile_dir() -> Option<std::path::PathBuf> {
+pub fn tempfile_dir() -> Option<std::path::PathBuf> {
     let d = std::env::temp_dir().join(format!("llmtap-bench-{}", std::process::id()));
     std::fs::create_dir_all(&d).ok()?;
     Some(d)

@@ -3,7 +3,8 @@
 //! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
 //! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session), `bytes`
-//! (store bytes per call of a 100-call session), `lossless` (the lossless capture rate); `--smoke` runs a tiny
+//! (store bytes per call of a 100-call session), `lossless` (the lossless capture rate), `store-rate` (the
+//! pipeline and store writer's own capacity); `--smoke` runs a tiny
 //! configuration (CI checks it still runs).
 //! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
 //! OTLP/gRPC receiver that counts spans, for profiling llmtap by hand).
@@ -89,6 +90,7 @@ fn main() {
         "viewer" => viewer_run(smoke),
         "bytes" => capture::bytes_per_call(100),
         "lossless" => capture::lossless(smoke),
+        "store-rate" => capture::store_rate(if smoke { 2_000 } else { 50_000 }),
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
         other => eprintln!(
             "unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec, viewer, bytes, lossless"
