@@ -306,7 +306,7 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
-            batch_size: 256,
+            batch_size: 4096,
             retention_days: 30,
             max_traces: 0,
         }

@@ -79,10 +79,7 @@ pub fn step_message(s: &Step) -> pb::Step {
         session_id: s.session_id.clone().unwrap_or_default(),
         agent: s.agent.clone().unwrap_or_default(),
         step_index: s.step_index,
-        role: serde_json::to_value(s.role)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default(),
+        role: s.role.as_str().to_owned(),
         call_type: s.call_type.map(|c| c.as_str().to_owned()).unwrap_or_default(),
         model: s.model.clone().unwrap_or_default(),
         content: s.content.clone().unwrap_or_default(),

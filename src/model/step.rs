@@ -12,6 +12,17 @@ pub enum StepRole {
     Agent,
 }
 
+impl StepRole {
+    /// The serialized name (as in the step JSON).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepRole::System => "system",
+            StepRole::User => "user",
+            StepRole::Agent => "agent",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CallType {
@@ -290,4 +301,16 @@ pub struct TrajectorySummary {
     #[serde(default)]
     pub tool_definitions: Vec<Value>,
     pub closed: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_roles_name_is_its_serialized_name() {
+        for role in [StepRole::System, StepRole::User, StepRole::Agent] {
+            assert_eq!(serde_json::to_value(role).ok(), Some(serde_json::json!(role.as_str())));
+        }
+    }
 }

@@ -62,7 +62,6 @@ pub fn chunk_spans(body: &str) -> Vec<std::ops::Range<usize>> {
     // Inside a top-level object: the next string is a value (after ':'), not a key.
     let mut expect_value = false;
     let mut in_string = false;
-    let mut escaped = false;
     // The open span (an array member or a top-level string value) and where its last byte so far ends.
     let mut start: Option<usize> = None;
     let mut end = 0usize;
@@ -73,25 +72,35 @@ pub fn chunk_spans(body: &str) -> Vec<std::ops::Range<usize>> {
             spans.push(s..end);
         }
     };
-    for (i, &c) in b.iter().enumerate() {
+    let mut i = 0;
+    while i < b.len() {
         if in_string {
-            if escaped {
-                escaped = false;
-            } else if c == b'\\' {
-                escaped = true;
-            } else if c == b'"' {
-                in_string = false;
-                end = i + 1;
-                // A top-level string value ends with its closing quote.
-                if depth == 1 && start.is_some() {
-                    push(&mut start, end);
-                }
+            // Most of a body is string content: jump to the next quote or backslash instead of stepping.
+            let Some(k) = memchr::memchr2(b'"', b'\\', &b[i..]) else {
+                return Vec::new();
+            };
+            i += k;
+            if b[i] == b'\\' {
+                // The escaped byte cannot end the string (a `\uXXXX` escape's digits are plain bytes).
+                i += 2;
+                continue;
             }
+            in_string = false;
+            end = i + 1;
+            // A top-level string value ends with its closing quote.
+            if depth == 1 && start.is_some() {
+                push(&mut start, end);
+            }
+            i += 1;
             continue;
         }
+        let c = b[i];
         let member_starts = depth == 2 && in_array && start.is_none();
         match c {
-            b' ' | b'\t' | b'\n' | b'\r' => continue,
+            b' ' | b'\t' | b'\n' | b'\r' => {
+                i += 1;
+                continue;
+            }
             b'"' => {
                 in_string = true;
                 if member_starts || (depth == 1 && top_object && expect_value) {
@@ -128,6 +137,7 @@ pub fn chunk_spans(body: &str) -> Vec<std::ops::Range<usize>> {
             }
             b',' if depth == 2 && in_array => {
                 push(&mut start, end);
+                i += 1;
                 continue;
             }
             b':' if depth == 1 => expect_value = true,
@@ -142,6 +152,7 @@ pub fn chunk_spans(body: &str) -> Vec<std::ops::Range<usize>> {
             }
         }
         end = i + 1;
+        i += 1;
     }
     if depth != 0 || in_string || !top_object {
         return Vec::new();

@@ -103,8 +103,9 @@ const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(50);
 
 fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, metrics: Arc<Metrics>) {
     crate::background::run_in_background();
-    if let Ok(v) = std::env::var("XP_CACHE") { let _ = conn.pragma_update(None, "cache_size", v); }
-    if let Ok(v) = std::env::var("XP_AUTOCKPT") { let _ = conn.pragma_update(None, "wal_autocheckpoint", v); }
+    if let Err(e) = tune_writer(&conn) {
+        metrics.store_error(&e);
+    }
     // At start: a store found over its limits is trimmed before anything new arrives.
     let mut last_retention = Instant::now();
     retain_now(
@@ -164,6 +165,27 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
         retention_when_due(&conn, &config, &metrics, &mut last_retention, &mut chunks);
     }
     let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
+}
+
+/// The writer's page cache, in KiB (SQLite's negative `cache_size`). Trajectory, session and step ids are
+/// hashes, so their index entries land on pages all over each index; with SQLite's default 2 MiB most inserts
+/// first read their page back from the file, and a big transaction spills pages to the WAL before it commits.
+/// The cache fills only as pages are used: an idle or lightly used llmtap does not grow by it.
+const WRITER_CACHE_KIB: i64 = 64 * 1024;
+/// WAL pages (4 KiB) between automatic checkpoints (SQLite's default: 1,000). A checkpoint copies the newest
+/// version of each page once, however many commits rewrote it since the last one, and syncs the file: fewer,
+/// larger checkpoints write a hot index page once instead of once per few commits.
+const WRITER_CHECKPOINT_PAGES: i64 = 10_000;
+/// After a checkpoint the WAL file is cut back to this size, so the space a burst took is given back.
+const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
+
+/// Settings for the writer's connection only; readers keep SQLite's defaults. Store CPU per exchange in
+/// `llmtap-bench store-rate` (~2 KB chat completion): see docs/performance.md.
+fn tune_writer(conn: &Connection) -> Result<(), StoreError> {
+    conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
+    conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
+    Ok(())
 }
 
 /// One transaction for the batch. `chunks` learns the batch's new chunk ids only once it commits.
@@ -265,9 +287,6 @@ fn log_export(tx: &rusqlite::Transaction<'_>, kind: ExportKind, reference: &str)
 }
 
 fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreError> {
-    let exists: bool = tx
-        .prepare_cached("SELECT 1 FROM steps WHERE step_id = ?1")?
-        .exists([&s.step_id])?;
     let started_us = s
         .timings
         .as_ref()
@@ -278,29 +297,33 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreErro
     // Compressed: a step holds the tool results it observed, the largest part of what a long session stores
     // besides the bodies (~2.5 KB of text per call in `llmtap-bench bytes`). Rows written before are text.
     let body = compress(&json("step", s)?);
-    // Updates keep the original seq (and so the original export position) of the step.
-    tx.prepare_cached(
-        "INSERT INTO steps (step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, body)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-         ON CONFLICT(step_id) DO UPDATE SET body = excluded.body, trace_id = excluded.trace_id",
-    )?
-    .execute(params![
-        s.step_id,
-        s.trajectory_id,
-        s.session_id,
-        s.step_index,
-        serde_json::to_value(s.role)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned)),
-        s.provider_trace_id,
-        started_us,
-        body
-    ])?;
+    // Most writes are a step's first (one statement); an update keeps the original seq (and so the original
+    // export position) of the step.
+    let inserted = tx
+        .prepare_cached(
+            "INSERT OR IGNORE INTO steps (step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, body)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?
+        .execute(params![
+            s.step_id,
+            s.trajectory_id,
+            s.session_id,
+            s.step_index,
+            s.role.as_str(),
+            s.provider_trace_id,
+            started_us,
+            body
+        ])?
+        == 1;
+    if !inserted {
+        tx.prepare_cached("UPDATE steps SET body = ?2, trace_id = ?3 WHERE step_id = ?1")?
+            .execute(params![s.step_id, body, s.provider_trace_id])?;
+    }
     // An agent step's first write is when its call's span can be built (trace row and step both present).
-    if !exists && let (crate::model::step::StepRole::Agent, Some(trace_id)) = (s.role, &s.provider_trace_id) {
+    if inserted && let (crate::model::step::StepRole::Agent, Some(trace_id)) = (s.role, &s.provider_trace_id) {
         log_export(tx, ExportKind::Chat, trace_id)?;
     }
-    if exists && !s.observations.is_empty() {
+    if !inserted && !s.observations.is_empty() {
         log_export(tx, ExportKind::Tools, &s.step_id)?;
     }
     Ok(())

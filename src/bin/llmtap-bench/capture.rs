@@ -336,10 +336,12 @@ pub fn store_rate(n: usize) {
         let _ = store_thread.join();
         let per = |a: u64, b: u64| (b - a) as f64 / n as f64;
         println!(
-            "store rate, {label}: {n} exchanges in {secs:.2} s = {} exchanges/s ({} dropped); CPU per \
-             exchange: pipeline {:.0} µs, store {:.0} µs; closing the open trajectories at shutdown {:.2} s",
+            "store rate, {label}: {n} exchanges in {secs:.2} s = {} exchanges/s ({} dropped, {:.1} records \
+             each); CPU per exchange: pipeline {:.0} µs, store {:.0} µs; closing the open trajectories at \
+             shutdown {:.2} s",
             fmt_rate(n as f64 / secs),
             metrics.capture_dropped.get(),
+            stored as f64 / n as f64,
             per(pipe0, pipe1),
             per(store0, store1),
             t1.elapsed().as_secs_f64(),
