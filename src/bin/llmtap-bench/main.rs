@@ -96,13 +96,19 @@ fn main() {
     }
 }
 
-/// LLMTAP_BENCH_VIEWER_CALLS sets the big session's call count (default 10,000).
+/// LLMTAP_BENCH_VIEWER_CALLS sets the big session's call count (default 10,000), LLMTAP_BENCH_VIEWER_FLOOD the
+/// number of one-call sessions of the second store (default 200,000).
 fn viewer_run(smoke: bool) {
     let calls = std::env::var("LLMTAP_BENCH_VIEWER_CALLS")
         .ok()
         .and_then(|c| c.parse().ok())
         .unwrap_or(if smoke { 500 } else { 10_000 });
     viewer::run(calls, if smoke { 50 } else { 2_000 });
+    let flood = std::env::var("LLMTAP_BENCH_VIEWER_FLOOD")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(if smoke { 500 } else { 200_000 });
+    viewer::run_flood(flood);
 }
 
 fn report(r: std::io::Result<()>) {
