@@ -2,9 +2,10 @@
 //!
 //! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
-//! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session), `bytes`
-//! (store bytes per call of a 100-call session), `lossless` (the lossless capture rate); `--smoke` runs a tiny
-//! configuration (CI checks it still runs).
+//! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session, and
+//! its sessions list on a store of 200,000 one-call sessions), `bytes` (store bytes per call of a 100-call
+//! session), `lossless` (the lossless capture rate); `--smoke` runs a tiny configuration (CI checks it still
+//! runs).
 //! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
 //! OTLP/gRPC receiver that counts spans, for profiling llmtap by hand).
 #![allow(clippy::print_stdout)]
