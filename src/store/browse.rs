@@ -53,68 +53,105 @@ pub struct CallHead {
     pub cost: Option<CostBreakdown>,
 }
 
+/// `StoreReader::session_page`'s query and its parameters.
+fn session_page_sql(q: &SessionQuery) -> (String, Vec<SqlValue>) {
+    // Conditions on one trajectory `m` of the session; a session is kept when one of them meets them all.
+    let mut member = Vec::new();
+    let mut member_params = Vec::new();
+    if let Some(a) = &q.agent {
+        member.push("json_extract(m.body, '$.agent') = ?".to_owned());
+        member_params.push(SqlValue::Text(a.clone()));
+    }
+    if let Some(model) = &q.model {
+        member.push("EXISTS (SELECT 1 FROM json_each(m.body, '$.models') WHERE value = ?)".into());
+        member_params.push(SqlValue::Text(model.clone()));
+    }
+    if let Some(text) = q.text.as_deref().filter(|t| !t.is_empty()) {
+        let like = format!(
+            "%{}%",
+            text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
+        );
+        // Searching step bodies scans the trajectory's steps (by index); `step_text` (registered by
+        // `StoreReader::open`) reads a compressed step body as its JSON text.
+        member.push(
+            "(m.body LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM steps s WHERE s.trajectory_id = m.trajectory_id \
+             AND step_text(s.body) LIKE ? ESCAPE '\\'))"
+                .into(),
+        );
+        member_params.push(SqlValue::Text(like.clone()));
+        member_params.push(SqlValue::Text(like));
+    }
+    let mut cond = Vec::new();
+    let mut params = Vec::new();
+    if let Some((started, id)) = &q.before {
+        // The first term bounds the index range; the row value breaks ties on the start by session key.
+        cond.push(format!("t.started_us <= ? AND (t.started_us, {}) < (?, ?)", key("t")));
+        params.extend([
+            SqlValue::Integer(*started),
+            SqlValue::Integer(*started),
+            SqlValue::Text(id.clone()),
+        ]);
+    }
+    if let Some(t) = q.until_us {
+        cond.push("t.started_us <= ?".into());
+        params.push(SqlValue::Integer(t));
+    }
+    // Each probe names the session key as `key` spells it, the `trajectories_session_start` index's expression.
+    // `t` is the first of its session: no trajectory of the session sorts before it.
+    cond.push(format!(
+        "NOT EXISTS (SELECT 1 FROM trajectories f WHERE {} = {} AND f.started_us <= t.started_us
+            AND (f.started_us < t.started_us OR f.trajectory_id < t.trajectory_id))",
+        key("f"),
+        key("t")
+    ));
+    if let Some(t) = q.since_us {
+        // The session ended at or after `since` when one of its trajectories did (`t` first: no probe).
+        cond.push(format!(
+            "(t.ended_us >= ? OR EXISTS (SELECT 1 FROM trajectories e WHERE {} = {} AND e.ended_us >= ?))",
+            key("e"),
+            key("t")
+        ));
+        params.extend([SqlValue::Integer(t), SqlValue::Integer(t)]);
+    }
+    if !member.is_empty() {
+        cond.push(format!(
+            "EXISTS (SELECT 1 FROM trajectories m WHERE {} = {} AND {})",
+            key("m"),
+            key("t"),
+            member.join(" AND ")
+        ));
+        params.extend(member_params);
+    }
+    params.push(SqlValue::Integer(i64::from(q.limit.clamp(1, 500))));
+    let sql = format!(
+        "SELECT {} AS session, t.started_us FROM trajectories t INDEXED BY trajectories_started
+         WHERE {} ORDER BY t.started_us DESC, session DESC LIMIT ?",
+        key("t"),
+        cond.join(" AND ")
+    );
+    (sql, params)
+}
+
+/// A trajectory's session key (`TrajectorySummary::session_key`) in SQL, for the trajectories row `alias`.
+fn key(alias: &str) -> String {
+    format!("COALESCE({alias}.session_id, {alias}.trajectory_id)")
+}
+
 impl StoreReader {
     /// Sessions (every trajectory with the same session key), newest first by their first trajectory's start,
     /// one page. A session matches the agent, model and text filters when one of its trajectories does.
+    ///
+    /// A session starts with its first trajectory (smallest `(started_us, trajectory_id)` of its key), so the
+    /// page walks trajectories newest first by the `trajectories_started` index and keeps those that are the
+    /// first of their session: one probe of `trajectories_session_start` (key, start) each, which also answers
+    /// `since` (one of the session's trajectories ended at or after it) and the member filters from the
+    /// session's own rows. The walk stops once the page is full, so a page costs its rows plus the trajectories
+    /// it passes over (later trajectories of sessions that started earlier, and sessions a filter rejects), not
+    /// the table: grouping the whole table by session would read every trajectory row on each page load. Two
+    /// cases still walk far: a filter few sessions match, and `since` when fewer sessions than a page ran after
+    /// it (sessions that started before `since` are found only by walking on).
     pub fn session_page(&self, q: &SessionQuery) -> Result<Vec<SessionHead>, StoreError> {
-        // Conditions on one trajectory; a session is kept when any of its trajectories meets them all.
-        let mut member = Vec::new();
-        let mut member_params = Vec::new();
-        if let Some(a) = &q.agent {
-            member.push("json_extract(body, '$.agent') = ?".to_owned());
-            member_params.push(SqlValue::Text(a.clone()));
-        }
-        if let Some(m) = &q.model {
-            member.push("EXISTS (SELECT 1 FROM json_each(body, '$.models') WHERE value = ?)".into());
-            member_params.push(SqlValue::Text(m.clone()));
-        }
-        if let Some(text) = q.text.as_deref().filter(|t| !t.is_empty()) {
-            let like = format!(
-                "%{}%",
-                text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
-            );
-            // Searching step bodies scans the trajectory's steps (by index); `step_text` (registered by
-            // `StoreReader::open`) reads a compressed step body as its JSON text.
-            member.push(
-                "(body LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM steps s WHERE s.trajectory_id = \
-                 trajectories.trajectory_id AND step_text(s.body) LIKE ? ESCAPE '\\'))"
-                    .into(),
-            );
-            member_params.push(SqlValue::Text(like.clone()));
-            member_params.push(SqlValue::Text(like));
-        }
-        let mut cond = vec!["1=1".to_owned()];
-        let mut params = Vec::new();
-        if let Some(t) = q.since_us {
-            cond.push("ended >= ?".into());
-            params.push(SqlValue::Integer(t));
-        }
-        if let Some(t) = q.until_us {
-            cond.push("started <= ?".into());
-            params.push(SqlValue::Integer(t));
-        }
-        if let Some((started, id)) = &q.before {
-            cond.push("(started, session) < (?, ?)".into());
-            params.push(SqlValue::Integer(*started));
-            params.push(SqlValue::Text(id.clone()));
-        }
-        if !member.is_empty() {
-            cond.push(format!(
-                "session IN (SELECT COALESCE(session_id, trajectory_id) FROM trajectories WHERE {})",
-                member.join(" AND ")
-            ));
-            params.extend(member_params);
-        }
-        params.push(SqlValue::Integer(i64::from(q.limit.clamp(1, 500))));
-        // One pass over the trajectories table (one small row per trajectory, not per call) grouped by session.
-        let sql = format!(
-            "SELECT session, started FROM (
-                SELECT COALESCE(session_id, trajectory_id) AS session, MIN(started_us) AS started,
-                       MAX(ended_us) AS ended
-                FROM trajectories GROUP BY 1)
-             WHERE {} ORDER BY started DESC, session DESC LIMIT ?",
-            cond.join(" AND ")
-        );
+        let (sql, params) = session_page_sql(q);
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let rows = stmt.query_map(params_from_iter(params), |r| {
             Ok(SessionHead {
@@ -126,11 +163,11 @@ impl StoreReader {
     }
 
     /// The session `id` names: a session key, else the session of the trajectory with that id (so that a
-    /// trajectory's id leads to its whole session).
+    /// trajectory's id leads to its whole session). Both by index: `trajectories_session_start`, the primary key.
     pub fn session_of(&self, id: &str) -> Result<Option<String>, StoreError> {
         let is_session = self
             .conn
-            .prepare_cached("SELECT 1 FROM trajectories WHERE session_id = ?1 LIMIT 1")?
+            .prepare_cached("SELECT 1 FROM trajectories WHERE COALESCE(session_id, trajectory_id) = ?1 LIMIT 1")?
             .exists([id])?;
         if is_session {
             return Ok(Some(id.to_owned()));
@@ -142,13 +179,12 @@ impl StoreReader {
             .optional()?)
     }
 
-    /// Every trajectory of a session (by the `trajectories_session` index), oldest first, each with its start in
+    /// Every trajectory of a session (by the `trajectories_session_start` index), oldest first, each with its start in
     /// Unix micros, without system prompts and tool definitions.
     pub fn session_trajectories(&self, session: &str) -> Result<Vec<(i64, TrajectorySummary)>, StoreError> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT trajectory_id, body, NULL, NULL, started_us FROM trajectories
-             WHERE session_id = ?1 OR (session_id IS NULL AND trajectory_id = ?1)
-             ORDER BY started_us, trajectory_id",
+             WHERE COALESCE(session_id, trajectory_id) = ?1 ORDER BY started_us, trajectory_id",
         )?;
         let mut rows = stmt.query([session])?;
         let mut out = Vec::new();
@@ -258,5 +294,237 @@ impl StoreReader {
             Some(row) => Ok(Some(trace_from_row(&self.conn, row)?)),
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// A trajectories row: (trajectory id, session id, started, ended, agent, model).
+    type Row = (String, Option<String>, i64, i64, String, String);
+
+    /// A few hundred trajectories across sessions of several trajectories each, with many ties on the start
+    /// (within a session and across sessions), sessions named by a trajectory id, and sessions of one.
+    fn rows() -> Vec<Row> {
+        (0..320)
+            .map(|i: i64| {
+                let session = match i % 5 {
+                    0 => None,
+                    1 if i % 3 == 0 => Some("tr0010".to_owned()),
+                    _ => Some(format!("s{:02}", i % 37)),
+                };
+                // A session's first two members (i and i + 37) start together: ties within a session too.
+                let started = 1_000 * (((i % 37) * 7 + (i / 74) * 3) % 41);
+                let ended = started + 700 * (i % 11);
+                let agent = if i % 4 == 0 { "claude" } else { "codex" };
+                (
+                    format!("tr{i:04}"),
+                    session,
+                    started,
+                    ended,
+                    agent.to_owned(),
+                    format!("m{}", i % 6),
+                )
+            })
+            .collect()
+    }
+
+    fn store(rows: &[Row]) -> (tempfile::TempDir, StoreReader) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let conn = super::super::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        for (id, session, started, ended, agent, model) in rows {
+            let body = serde_json::to_string(&TrajectorySummary {
+                trajectory_id: id.clone(),
+                session_id: session.clone(),
+                agent: Some(agent.clone()),
+                models: vec![model.clone()],
+                ..TrajectorySummary::default()
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+            conn.execute(
+                "INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+                rusqlite::params![id, session, started, ended, body],
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        drop(conn);
+        let reader = StoreReader::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        (dir, reader)
+    }
+
+    /// The list computed straight from the rows: group by session key, filter, sort.
+    fn reference(rows: &[Row], q: &SessionQuery) -> Vec<SessionHead> {
+        let mut sessions: BTreeMap<String, Vec<&Row>> = BTreeMap::new();
+        for row in rows {
+            let key = row.1.clone().unwrap_or_else(|| row.0.clone());
+            sessions.entry(key).or_default().push(row);
+        }
+        let mut out: Vec<SessionHead> = sessions
+            .into_iter()
+            .filter(|(_, members)| {
+                let ended = members.iter().map(|r| r.3).max().unwrap_or(i64::MIN);
+                let started = members.iter().map(|r| r.2).min().unwrap_or(i64::MAX);
+                q.since_us.is_none_or(|t| ended >= t)
+                    && q.until_us.is_none_or(|t| started <= t)
+                    && members.iter().any(|r| {
+                        q.agent.as_ref().is_none_or(|a| &r.4 == a) && q.model.as_ref().is_none_or(|m| &r.5 == m)
+                    })
+            })
+            .map(|(session, members)| SessionHead {
+                started_us: members.iter().map(|r| r.2).min().unwrap_or(0),
+                session,
+            })
+            .collect();
+        out.sort_by(|a, b| (b.started_us, &b.session).cmp(&(a.started_us, &a.session)));
+        out
+    }
+
+    /// Every page of `q`, following the keyset cursor as the viewer does.
+    fn all_pages(reader: &StoreReader, q: &SessionQuery) -> Vec<SessionHead> {
+        let mut out: Vec<SessionHead> = Vec::new();
+        let mut before = None;
+        loop {
+            let page = reader
+                .session_page(&SessionQuery {
+                    before: before.clone(),
+                    ..q.clone()
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(page.len() <= q.limit as usize);
+            assert!(out.len() <= 1_000, "{q:?}: the cursor does not advance");
+            out.extend(page.iter().cloned());
+            match page.last() {
+                Some(last) if page.len() == q.limit as usize => {
+                    before = Some((last.started_us, last.session.clone()));
+                }
+                _ => return out,
+            }
+        }
+    }
+
+    #[test]
+    fn pages_list_each_session_once_in_order_like_grouping_the_table() {
+        let rows = rows();
+        let (_dir, reader) = store(&rows);
+        let queries = [
+            SessionQuery::default(),
+            SessionQuery {
+                since_us: Some(30_000),
+                ..SessionQuery::default()
+            },
+            SessionQuery {
+                until_us: Some(20_000),
+                ..SessionQuery::default()
+            },
+            SessionQuery {
+                since_us: Some(10_000),
+                until_us: Some(40_000),
+                ..SessionQuery::default()
+            },
+            SessionQuery {
+                agent: Some("claude".into()),
+                ..SessionQuery::default()
+            },
+            SessionQuery {
+                model: Some("m5".into()),
+                until_us: Some(45_000),
+                ..SessionQuery::default()
+            },
+        ];
+        for q in queries {
+            let expected = reference(&rows, &q);
+            assert!(
+                expected.len() > 5,
+                "{q:?}: too few sessions to page: {}",
+                expected.len()
+            );
+            for limit in [1, 3, 7, 50, 500] {
+                let q = SessionQuery { limit, ..q.clone() };
+                assert_eq!(all_pages(&reader, &q), expected, "{q:?}");
+            }
+        }
+        // Ties: sessions starting at the same time are paged apart, none repeated or skipped.
+        let all = reference(&rows, &SessionQuery::default());
+        assert!(all.windows(2).any(|w| w[0].started_us == w[1].started_us));
+        let first_ties = all.iter().any(|head| {
+            let key = |r: &&Row| r.1.as_deref().unwrap_or(&r.0) == head.session;
+            rows.iter().filter(key).filter(|r| r.2 == head.started_us).count() > 1
+        });
+        assert!(first_ties, "no session has two trajectories at its start");
+    }
+
+    #[test]
+    fn a_page_walks_trajectories_by_start_and_probes_sessions_by_key() {
+        let (_dir, reader) = store(&rows());
+        let q = SessionQuery {
+            agent: Some("claude".into()),
+            since_us: Some(1),
+            until_us: Some(2),
+            before: Some((3, "x".into())),
+            limit: 50,
+            ..SessionQuery::default()
+        };
+        let (sql, _) = session_page_sql(&q);
+        let mut stmt = reader
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plan: Vec<String> = stmt
+            .query_map(params_from_iter(vec![SqlValue::Null; stmt.parameter_count()]), |r| {
+                r.get(3)
+            })
+            .unwrap_or_else(|e| panic!("{e}"))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plan = plan.join("\n");
+        assert!(plan.contains("USING INDEX trajectories_started"), "{plan}");
+        // Only ties on the start are sorted, not the whole walk.
+        assert!(!plan.contains("TEMP B-TREE FOR ORDER BY"), "{plan}");
+        for alias in ["f", "e", "m"] {
+            let probe = plan.lines().any(|l| {
+                l.starts_with(&format!("SEARCH {alias} ")) && l.contains("USING INDEX trajectories_session_start")
+            });
+            assert!(probe, "{alias}: {plan}");
+        }
+    }
+
+    #[test]
+    fn a_session_reads_its_trajectories_by_key() {
+        let rows = rows();
+        let (_dir, reader) = store(&rows);
+        assert_eq!(
+            reader.session_of("s03").unwrap_or_else(|e| panic!("{e}")),
+            Some("s03".into())
+        );
+        // A trajectory id leads to its session; a trajectory without one is its own session.
+        let member = rows.iter().find(|r| r.1.as_deref() == Some("s03")).map(|r| r.0.clone());
+        assert_eq!(
+            reader
+                .session_of(&member.unwrap_or_default())
+                .unwrap_or_else(|e| panic!("{e}")),
+            Some("s03".into())
+        );
+        assert_eq!(
+            reader.session_of("tr0005").unwrap_or_else(|e| panic!("{e}")),
+            Some("tr0005".into())
+        );
+        assert_eq!(reader.session_of("nothing").unwrap_or_else(|e| panic!("{e}")), None);
+        // "tr0010" is a trajectory without a session id and the session id of others: one session.
+        let ids: Vec<String> = reader
+            .session_trajectories("tr0010")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_iter()
+            .map(|(_, t)| t.trajectory_id)
+            .collect();
+        let mut expected: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.1.as_deref().unwrap_or(&r.0) == "tr0010")
+            .collect();
+        expected.sort_by(|a, b| (a.2, &a.0).cmp(&(b.2, &b.0)));
+        assert!(expected.len() > 2);
+        assert_eq!(ids, expected.iter().map(|r| r.0.clone()).collect::<Vec<_>>());
     }
 }

@@ -33,10 +33,21 @@ pub struct TraceFilter {
 impl TraceFilter {
     /// SQL condition over columns `session_id`, `trajectory_id`, `started_us`, with its parameters.
     fn condition(&self) -> (String, Vec<SqlValue>) {
+        self.condition_on("session_id")
+    }
+
+    /// The same condition on the `trajectories` table. There the session is asked for by its key, which
+    /// matches the same rows (a row whose key is `s` has session id `s`, or none and trajectory id `s`) and
+    /// has an index (`trajectories_session_start`); `session_id` alone has none.
+    fn trajectory_condition(&self) -> (String, Vec<SqlValue>) {
+        self.condition_on("COALESCE(session_id, trajectory_id)")
+    }
+
+    fn condition_on(&self, session: &str) -> (String, Vec<SqlValue>) {
         let mut cond = vec!["1=1".to_owned()];
         let mut params = Vec::new();
         if let Some(s) = &self.session {
-            cond.push("(session_id = ? OR trajectory_id = ?)".into());
+            cond.push(format!("({session} = ? OR trajectory_id = ?)"));
             params.push(SqlValue::Text(s.clone()));
             params.push(SqlValue::Text(s.clone()));
         }
@@ -236,7 +247,7 @@ impl StoreReader {
 
     /// Trajectories, oldest first. Read in pages, resumed by (started_us, trajectory_id).
     pub fn sessions(&self, filter: &TraceFilter) -> Result<Vec<SessionRow>, StoreError> {
-        let (cond, params) = filter.condition();
+        let (cond, params) = filter.trajectory_condition();
         let sql = format!(
             "SELECT trajectory_id, body, system_prompts, tool_definitions, started_us FROM trajectories
              WHERE {cond} AND (started_us, trajectory_id) > (?, ?) ORDER BY started_us, trajectory_id LIMIT ?"

@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 6;
+pub const VERSION: i64 = 7;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -138,6 +138,20 @@ CREATE TABLE IF NOT EXISTS chunks (
 // v6: `traces.facts`, what the adapter read from each call (`model::trace::CallFacts`, JSON), so that span
 // export reads no bodies. Rows written before have NULL and are read from their bodies again.
 
+/// v7: the viewer's sessions list pages through sessions newest first without grouping the table (see
+/// `StoreReader::session_page`): it walks trajectories by start (`trajectories_started`) and probes each one's
+/// session by its key and start (`trajectories_session_start`, on the same expression as
+/// `TrajectorySummary::session_key`). The key index replaces `trajectories_session`: every query that used
+/// that one (a session's trajectories, `session_of`, the readers' session filter) asks for the key instead, so
+/// the writer maintains one index more than v6, and that one only on insert (a trajectory's start is never
+/// updated).
+const V7: &str = r#"
+DROP INDEX IF EXISTS trajectories_session;
+CREATE INDEX IF NOT EXISTS trajectories_session_start
+    ON trajectories(COALESCE(session_id, trajectory_id), started_us);
+CREATE INDEX IF NOT EXISTS trajectories_started ON trajectories(started_us);
+"#;
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -166,8 +180,66 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     if version < 6 {
         add_column_if_missing(conn, "traces", "facts", "TEXT")?;
     }
+    if version < 7 {
+        conn.execute_batch(V7)?;
+    }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn indexes(conn: &Connection) -> Vec<String> {
+        let mut stmt = conn
+            .prepare("SELECT name FROM pragma_index_list('trajectories') WHERE origin = 'c' ORDER BY name")
+            .unwrap_or_else(|e| panic!("{e}"));
+        stmt.query_map([], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_v6_store_gets_the_session_key_and_start_indexes_and_keeps_its_rows() {
+        let conn = Connection::open_in_memory().unwrap_or_else(|e| panic!("{e}"));
+        // A store as v6 left it: the migrations up to v6 and a trajectory.
+        conn.execute_batch(V1).unwrap_or_else(|e| panic!("{e}"));
+        conn.execute_batch(V2).unwrap_or_else(|e| panic!("{e}"));
+        conn.execute_batch(V3).unwrap_or_else(|e| panic!("{e}"));
+        for column in V4_TRACE_COLUMNS {
+            add_column_if_missing(&conn, "traces", column, "TEXT").unwrap_or_else(|e| panic!("{e}"));
+        }
+        conn.execute_batch(V5).unwrap_or_else(|e| panic!("{e}"));
+        add_column_if_missing(&conn, "traces", "facts", "TEXT").unwrap_or_else(|e| panic!("{e}"));
+        conn.pragma_update(None, "user_version", 6)
+            .unwrap_or_else(|e| panic!("{e}"));
+        conn.execute(
+            "INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body) VALUES ('t', 's', 1, 2, '{}')",
+            [],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(indexes(&conn), ["trajectories_session"]);
+
+        migrate(&conn).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(indexes(&conn), ["trajectories_session_start", "trajectories_started"]);
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(version, VERSION);
+        let session: String = conn
+            .query_row(
+                "SELECT trajectory_id FROM trajectories WHERE COALESCE(session_id, trajectory_id) = 's'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(session, "t");
+        // Migrating again changes nothing.
+        migrate(&conn).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(indexes(&conn), ["trajectories_session_start", "trajectories_started"]);
+    }
 }

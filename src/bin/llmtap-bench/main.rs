@@ -2,10 +2,10 @@
 //!
 //! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
-//! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session), `bytes`
-//! (store bytes per call of a 100-call session), `lossless` (the lossless capture rate), `store-rate` (the
-//! pipeline and store writer's own capacity); `--smoke` runs a tiny
-//! configuration (CI checks it still runs).
+//! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session, and
+//! its sessions list on a store of 200,000 one-call sessions), `bytes` (store bytes per call of a 100-call
+//! session), `lossless` (the lossless capture rate), `store-rate` (the pipeline and store writer's own
+//! capacity); `--smoke` runs a tiny configuration (CI checks it still runs).
 //! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
 //! OTLP/gRPC receiver that counts spans, for profiling llmtap by hand).
 #![allow(clippy::print_stdout)]
@@ -98,13 +98,19 @@ fn main() {
     }
 }
 
-/// LLMTAP_BENCH_VIEWER_CALLS sets the big session's call count (default 10,000).
+/// LLMTAP_BENCH_VIEWER_CALLS sets the big session's call count (default 10,000), LLMTAP_BENCH_VIEWER_FLOOD the
+/// number of one-call sessions of the second store (default 200,000).
 fn viewer_run(smoke: bool) {
     let calls = std::env::var("LLMTAP_BENCH_VIEWER_CALLS")
         .ok()
         .and_then(|c| c.parse().ok())
         .unwrap_or(if smoke { 500 } else { 10_000 });
     viewer::run(calls, if smoke { 50 } else { 2_000 });
+    let flood = std::env::var("LLMTAP_BENCH_VIEWER_FLOOD")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(if smoke { 500 } else { 200_000 });
+    viewer::run_flood(flood);
 }
 
 fn report(r: std::io::Result<()>) {

@@ -50,6 +50,123 @@ pub fn run(calls: usize, small_sessions: usize) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The sessions list on a store of `sessions` one-call sessions.
+pub fn run_flood(sessions: usize) {
+    let dir = std::env::temp_dir().join(format!("llmtap-bench-viewer-flood-{}", std::process::id()));
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    let t0 = Instant::now();
+    let start = match build_flood(&dir, sessions) {
+        Ok(start) => start,
+        Err(e) => {
+            eprintln!("llmtap-bench viewer: {e}");
+            return;
+        }
+    };
+    let size = std::fs::metadata(llmtap::store::db_path(&dir)).map_or(0, |m| m.len());
+    println!(
+        "viewer: store with {sessions} one-call sessions: {:.1} MB on disk, built in {:.1} s",
+        size as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+    if let Err(e) = measure_flood(&dir, sessions, start) {
+        eprintln!("llmtap-bench viewer: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Session `s` starts at `start + s * FLOOD_STEP_US`.
+const FLOOD_STEP_US: i64 = 1_000_000;
+
+/// Writes `sessions` one-call sessions through the store writer; returns the first one's start (Unix micros).
+fn build_flood(dir: &std::path::Path, sessions: usize) -> Result<i64, llmtap::store::StoreError> {
+    let metrics = Arc::new(Metrics::default());
+    let conn = llmtap::store::open(dir)?;
+    let (tx, thread) =
+        llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone()).map_err(|e| {
+            llmtap::store::StoreError::DataDir {
+                path: dir.to_owned(),
+                source: e,
+            }
+        })?;
+    let start = llmtap::capture::now_micros() - 86_400_000_000 - sessions as i64 * FLOOD_STEP_US;
+    let mut deriver = Deriver::new(DeriveConfig::default());
+    let mut batch = Vec::new();
+    for s in 0..sessions {
+        let t = start + s as i64 * FLOOD_STEP_US;
+        let p = llmtap::pipeline::process::process(exchange(s, 0, t), usize::MAX);
+        batch.extend(deriver.observe(p.trace, p.call));
+        if s % 64 == 63 {
+            tx.send(std::mem::take(&mut batch));
+        }
+    }
+    tx.send(batch);
+    tx.send(deriver.close_all());
+    drop(tx);
+    let _ = thread.join();
+    Ok(start)
+}
+
+fn measure_flood(dir: &std::path::Path, sessions: usize, start: i64) -> Result<(), llmtap::store::StoreError> {
+    let reader = StoreReader::open(dir)?;
+    // The keyset cursor of the middle session: its start and key, as the previous page's last row gives them.
+    let middle = reader
+        .session_page(&SessionQuery {
+            until_us: Some(start + (sessions / 2) as i64 * FLOOD_STEP_US),
+            limit: 1,
+            ..SessionQuery::default()
+        })?
+        .pop()
+        .map(|h| (h.started_us, h.session));
+    let hour = 3_600 * 1_000_000;
+    let end = start + sessions as i64 * FLOOD_STEP_US;
+    let queries = [
+        ("first page of 50", SessionQuery::default()),
+        (
+            "keyset page of 50 from the middle",
+            SessionQuery {
+                before: middle.clone(),
+                ..SessionQuery::default()
+            },
+        ),
+        (
+            "first page of 50, since the last hour",
+            SessionQuery {
+                since_us: Some(end - hour),
+                ..SessionQuery::default()
+            },
+        ),
+        (
+            "keyset page of 50 from the middle, until then",
+            SessionQuery {
+                until_us: middle.as_ref().map(|m| m.0),
+                before: middle.clone(),
+                ..SessionQuery::default()
+            },
+        ),
+    ];
+    for (name, q) in queries {
+        let q = SessionQuery { limit: 50, ..q };
+        let mut times = Vec::new();
+        let mut rows = 0;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            rows = data::list_sessions(&reader, &q)?["sessions"]
+                .as_array()
+                .map_or(0, Vec::len);
+            times.push(t0.elapsed());
+        }
+        let s = Summary::of(&mut times);
+        println!(
+            "  sessions list, {name}: median {:.1} ms, best {:.1} ms, {rows} rows",
+            s.pct(0.5).as_secs_f64() * 1e3,
+            s.pct(0.0).as_secs_f64() * 1e3,
+        );
+    }
+    Ok(())
+}
+
 fn build(dir: &std::path::Path, calls: usize, small: usize, pad: usize) -> Result<(), llmtap::store::StoreError> {
     let metrics = Arc::new(Metrics::default());
     let conn = llmtap::store::open(dir)?;
