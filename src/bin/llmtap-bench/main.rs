@@ -3,7 +3,7 @@
 //! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
 //! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session, and
-//! its sessions list on a store of 200,000 one-call sessions), `bytes` (store bytes per call of a 100-call
+//! its sessions list on a store of 100,000 one-call sessions), `bytes` (store bytes per call of a 100-call
 //! session), `lossless` (the lossless capture rate), `store-rate` (the pipeline and store writer's own
 //! capacity); `--smoke` runs a tiny configuration (CI checks it still runs).
 //! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
@@ -99,7 +99,7 @@ fn main() {
 }
 
 /// LLMTAP_BENCH_VIEWER_CALLS sets the big session's call count (default 10,000), LLMTAP_BENCH_VIEWER_FLOOD the
-/// number of one-call sessions of the second store (default 200,000).
+/// number of one-call sessions of the second store (default 100,000).
 fn viewer_run(smoke: bool) {
     let calls = std::env::var("LLMTAP_BENCH_VIEWER_CALLS")
         .ok()
@@ -109,7 +109,7 @@ fn viewer_run(smoke: bool) {
     let flood = std::env::var("LLMTAP_BENCH_VIEWER_FLOOD")
         .ok()
         .and_then(|c| c.parse().ok())
-        .unwrap_or(if smoke { 500 } else { 200_000 });
+        .unwrap_or(if smoke { 500 } else { 100_000 });
     viewer::run_flood(flood);
 }
 
