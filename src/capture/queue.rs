@@ -231,6 +231,13 @@ impl CaptureRx {
         std::iter::from_fn(|| self.try_recv()).collect()
     }
 
+    /// Drop an exchange taken from this queue that cannot go further (the spill is full): counted as a
+    /// capture drop, and its conversation's later exchanges are dropped too.
+    pub fn drop_exchange(&self, exchange: RawExchange) {
+        self.dropped.note(&exchange);
+        self.metrics.capture_dropped();
+    }
+
     /// A dropped conversation's mark lives until it has been quiet this long (`derive.idle_timeout`: then
     /// derivation would have closed its trajectory).
     pub fn set_mark_lifetime(&mut self, lifetime: Duration) {
@@ -255,6 +262,16 @@ impl CaptureRx {
                 Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
             }
         }
+    }
+}
+
+impl super::Source for CaptureRx {
+    fn recv_timeout(&mut self, timeout: Duration) -> Result<RawExchange, RecvTimeoutError> {
+        CaptureRx::recv_timeout(self, timeout)
+    }
+
+    fn try_recv(&mut self) -> Option<RawExchange> {
+        CaptureRx::try_recv(self)
     }
 }
 
