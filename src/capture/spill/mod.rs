@@ -30,6 +30,7 @@ pub mod segments;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, TrySendError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -54,21 +55,35 @@ const ROUTE_BATCH: usize = 256;
 /// The pipeline's end of the spill stage.
 pub struct SpillRx {
     rx: mpsc::Receiver<RawExchange>,
+    /// Exchanges in the handoff (see [`Stage::queued`]).
+    queued: Arc<AtomicUsize>,
+}
+
+impl SpillRx {
+    fn took(&self, got: RawExchange) -> RawExchange {
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+        got
+    }
 }
 
 impl Source for SpillRx {
     fn recv_timeout(&mut self, timeout: Duration) -> Result<RawExchange, RecvTimeoutError> {
-        self.rx.recv_timeout(timeout)
+        self.rx.recv_timeout(timeout).map(|e| self.took(e))
     }
 
     fn try_recv(&mut self) -> Option<RawExchange> {
-        self.rx.try_recv().ok()
+        self.rx.try_recv().ok().map(|e| self.took(e))
     }
 }
 
 struct Stage {
     intake: CaptureRx,
     handoff: mpsc::SyncSender<RawExchange>,
+    capacity: usize,
+    /// Exchanges in the handoff: incremented here before a send, decremented by the pipeline as it takes
+    /// one. This thread is the only sender, so `capacity - queued` exchanges can be sent without one being
+    /// refused: records are taken from the spill (moving its cursor) only when they can all be handed over.
+    queued: Arc<AtomicUsize>,
     segments: Segments,
     limit: u64,
     metrics: Arc<Metrics>,
@@ -94,10 +109,14 @@ pub fn spawn(
             "Capture spill holds exchanges from a previous run; processing them before new traffic"
         );
     }
-    let (handoff, rx) = mpsc::sync_channel(handoff_capacity.max(1));
+    let capacity = handoff_capacity.max(1);
+    let (handoff, rx) = mpsc::sync_channel(capacity);
+    let queued = Arc::new(AtomicUsize::new(0));
     let mut stage = Stage {
         intake,
         handoff,
+        capacity,
+        queued: queued.clone(),
         segments,
         limit,
         metrics,
@@ -113,7 +132,7 @@ pub fn spawn(
             path: dir.to_owned(),
             source,
         })?;
-    Ok((SpillRx { rx }, thread))
+    Ok((SpillRx { rx, queued }, thread))
 }
 
 impl Stage {
@@ -143,32 +162,48 @@ impl Stage {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        // What is loaded from a deleted segment goes back to disk; the open segment is flushed.
-        let kept = self.segments.persist_loaded().and_then(|()| self.segments.sync());
-        if let Err(e) = kept {
+        // What is in memory of the segment being handed out is still on disk past its cursor; the open
+        // segment is flushed.
+        if let Err(e) = self.segments.sync() {
             self.metrics.capture_spill_error(&e);
         }
         self.publish();
     }
 
-    /// Hand spilled exchanges to the pipeline, oldest first, while the handoff has room.
+    /// Hand spilled exchanges to the pipeline, oldest first, as many as the handoff has room for.
     fn refill(&mut self) {
+        let room = self.capacity.saturating_sub(self.queued.load(Ordering::Acquire));
+        if room == 0 || self.segments.is_empty() {
+            return;
+        }
         let metrics = self.metrics.clone();
         let mut on_error = |e: SpillError| metrics.capture_spill_error(&e);
-        while let Some((exchange, frame)) = self.segments.take(&mut on_error) {
-            match self.handoff.try_send(exchange) {
-                Ok(()) => {}
-                Err(TrySendError::Full(exchange)) => {
-                    self.segments.put_back(exchange, frame);
-                    break;
-                }
-                Err(TrySendError::Disconnected(exchange)) => {
-                    self.pipeline_gone = true;
-                    self.intake.drop_exchange(exchange);
-                }
-            }
+        for exchange in self.segments.take(room, &mut on_error) {
+            self.send(exchange);
         }
         self.publish();
+    }
+
+    /// Into the handoff, which has room (see [`Stage::queued`]).
+    fn send(&mut self, exchange: RawExchange) {
+        if self.pipeline_gone {
+            return self.intake.drop_exchange(exchange);
+        }
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        match self.handoff.try_send(exchange) {
+            Ok(()) => {}
+            Err(TrySendError::Full(exchange)) => {
+                // Cannot happen (this thread is the only sender and counted the room); dropped, not lost
+                // silently, if it ever does.
+                self.queued.fetch_sub(1, Ordering::AcqRel);
+                self.intake.drop_exchange(exchange);
+            }
+            Err(TrySendError::Disconnected(exchange)) => {
+                self.queued.fetch_sub(1, Ordering::AcqRel);
+                self.pipeline_gone = true;
+                self.intake.drop_exchange(exchange);
+            }
+        }
     }
 
     /// One exchange from the intake: straight to the pipeline while nothing is spilled and it has room, else
@@ -178,19 +213,9 @@ impl Stage {
             self.intake.drop_exchange(exchange);
             return;
         }
-        let exchange = if self.segments.is_empty() {
-            match self.handoff.try_send(exchange) {
-                Ok(()) => return,
-                Err(TrySendError::Full(exchange)) => exchange,
-                Err(TrySendError::Disconnected(exchange)) => {
-                    self.pipeline_gone = true;
-                    self.intake.drop_exchange(exchange);
-                    return;
-                }
-            }
-        } else {
-            exchange
-        };
+        if self.segments.is_empty() && self.queued.load(Ordering::Acquire) < self.capacity {
+            return self.send(exchange);
+        }
         match self.segments.append(&exchange, self.limit) {
             // Dropping the exchange gives its bytes back to the in-memory budget: they are on disk now.
             Ok(_) => self.metrics.capture_spilled.inc(),
