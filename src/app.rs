@@ -76,7 +76,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             // The spill thread consumes the queue and feeds the pipeline through a handoff of
             // `queue_capacity` exchanges; the queue itself needs room for one of its polls (capture::spill).
             let intake = crate::config::CaptureConfig {
-                queue_capacity: config.capture.queue_capacity.max(crate::capture::spill::INTAKE_CAPACITY),
+                queue_capacity: config
+                    .capture
+                    .queue_capacity
+                    .max(crate::capture::spill::INTAKE_CAPACITY),
                 ..config.capture.clone()
             };
             let (tx, mut rx) = CaptureTx::channel(&intake, metrics.clone());

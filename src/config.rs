@@ -817,6 +817,21 @@ mod tests {
     }
 
     #[test]
+    fn spill_bytes_is_zero_or_at_least_a_mebibyte() {
+        let spill = |toml: &str| {
+            RawConfig::from_toml(toml)
+                .unwrap()
+                .validate()
+                .map(|c| c.capture.spill_bytes)
+        };
+        assert_eq!(spill("").unwrap(), 1 << 30, "on by default");
+        assert_eq!(spill("[capture]\nspill_bytes = 0\n").unwrap(), 0);
+        assert_eq!(spill("[capture]\nspill_bytes = 1048576\n").unwrap(), 1 << 20);
+        let err = spill("[capture]\nspill_bytes = 1024\n").unwrap_err().to_string();
+        assert!(err.contains("capture.spill_bytes"), "{err}");
+    }
+
+    #[test]
     fn shipped_examples_are_valid() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
         let mut n = 0;

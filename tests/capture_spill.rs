@@ -142,12 +142,19 @@ async fn without_the_spill_the_burst_drops() {
     assert!(!dir.path().join("spill").exists());
 }
 
-/// Bursts until one ends with records waiting in the spill; returns the requests answered.
+/// Bursts until, once every exchange has left memory for the handoff or the spill
+/// (`llmtap_capture_queue_bytes` = 0: nothing in flight or in the intake queue), records wait in the spill;
+/// returns the requests answered.
 async fn fill_the_spill(tap: &Llmtap, f: &Fixture) -> usize {
     let mut answered = 0;
     for _ in 0..10 {
-        burst(tap, f, 300).await;
-        answered += 300;
+        burst(tap, f, 500).await;
+        answered += 500;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tap.metric("llmtap_capture_queue_bytes") > 0 {
+            assert!(Instant::now() < deadline, "the intake queue did not empty");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         if tap.metric("llmtap_capture_spill_bytes") > 0 {
             return answered;
         }
@@ -170,7 +177,10 @@ async fn a_backlog_left_at_stop_is_stored_after_the_restart() {
 
     let tap = Llmtap::start(&config, dir.path());
     wait_drained(&tap);
-    assert!(tap.metric("llmtap_processed_total") > 0, "the backlog was processed after the restart");
+    assert!(
+        tap.metric("llmtap_processed_total") > 0,
+        "the backlog was processed after the restart"
+    );
     assert_eq!(tap.export("provider-traces", &[]).len(), answered);
     assert_eq!(tap.metric("llmtap_capture_spill_errors_total"), 0);
     assert_eq!(spill_files(dir.path()), 0);
@@ -197,8 +207,13 @@ async fn a_kill_9_keeps_the_spilled_backlog() {
     let recovered = tap.metric("llmtap_processed_total") as i64;
     assert!(recovered > 0, "the backlog was processed after the restart");
     let stored = tap.export("provider-traces", &[]).len() as i64;
-    assert_eq!(stored, committed + recovered, "an exchange processed twice, or one lost after recovery");
+    assert_eq!(
+        stored,
+        committed + recovered,
+        "an exchange processed twice, or one lost after recovery"
+    );
     let lost = answered as i64 - stored;
+    eprintln!("answered {answered}, committed before the kill {committed}, recovered {recovered}, lost {lost}");
     assert!((0..=4 + 2 * 64).contains(&lost), "{lost} of {answered} lost to kill -9");
     assert_eq!(spill_files(dir.path()), 0);
 }
@@ -215,19 +230,35 @@ async fn a_torn_spill_is_skipped_with_one_error() {
         let mut segments = llmtap::capture::spill::Segments::open(&spill).unwrap();
         let start = llmtap::capture::now_micros() - 60_000_000;
         for i in 0..3 {
-            segments.append(&f.raw_exchange(start + i * 1_000_000, 1_000, 2_000), u64::MAX).unwrap();
+            segments
+                .append(&f.raw_exchange(start + i * 1_000_000, 1_000, 2_000), u64::MAX)
+                .unwrap();
         }
     }
     let segment = std::fs::read_dir(&spill).unwrap().next().unwrap().unwrap().path();
     let len = std::fs::metadata(&segment).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&segment).unwrap().set_len(len - 7).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len(len - 7)
+        .unwrap();
     std::fs::write(spill.join(format!("{:020}.seg", 99)), b"LLMTSPL1 then noise").unwrap();
 
     let (tap, log) = Llmtap::start_capturing_log(&upstream_config(&up, ""), dir.path());
     wait_drained(&tap);
-    assert_eq!(tap.export("provider-traces", &[]).len(), 2, "the records before the torn one");
+    assert_eq!(
+        tap.export("provider-traces", &[]).len(),
+        2,
+        "the records before the torn one"
+    );
     assert_eq!(tap.metric("llmtap_capture_spill_errors_total"), 2);
-    let logged = log.lock().unwrap().iter().filter(|l| l.contains("Capture spill error")).count();
+    let logged = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("Capture spill error"))
+        .count();
     assert_eq!(logged, 1, "logged once, then counted");
     assert_eq!(spill_files(dir.path()), 0);
     // Still capturing.

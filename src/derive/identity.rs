@@ -700,7 +700,11 @@ mod tests {
                 r.forget(id);
             }
         }
-        assert_eq!(r.response_owner.get("resp_1"), Some(&ids[1]), "taken over by another run");
+        assert_eq!(
+            r.response_owner.get("resp_1"),
+            Some(&ids[1]),
+            "taken over by another run"
+        );
         assert_eq!(r.runs.values().map(VecDeque::len).sum::<usize>(), 51);
         for id in &ids {
             r.forget(id);

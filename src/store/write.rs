@@ -103,8 +103,12 @@ const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(50);
 
 fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, metrics: Arc<Metrics>) {
     crate::background::run_in_background();
-    if let Ok(v) = std::env::var("XP_CACHE") { let _ = conn.pragma_update(None, "cache_size", v); }
-    if let Ok(v) = std::env::var("XP_AUTOCKPT") { let _ = conn.pragma_update(None, "wal_autocheckpoint", v); }
+    if let Ok(v) = std::env::var("XP_CACHE") {
+        let _ = conn.pragma_update(None, "cache_size", v);
+    }
+    if let Ok(v) = std::env::var("XP_AUTOCKPT") {
+        let _ = conn.pragma_update(None, "wal_autocheckpoint", v);
+    }
     // At start: a store found over its limits is trimmed before anything new arrives.
     let mut last_retention = Instant::now();
     retain_now(

@@ -251,8 +251,7 @@ mod tests {
         };
         let (tx, intake) = CaptureTx::channel(&config, metrics.clone());
         let stop = tokio_util::sync::CancellationToken::new();
-        let (mut rx, thread) =
-            spawn(intake, dir.path(), 3, u64::MAX, metrics.clone(), stop.clone()).expect("spawn");
+        let (mut rx, thread) = spawn(intake, dir.path(), 3, u64::MAX, metrics.clone(), stop.clone()).expect("spawn");
         let sender = std::thread::spawn(move || {
             for id in 0..600u128 {
                 tx.try_send(RawExchange::for_test(id));
@@ -282,7 +281,10 @@ mod tests {
         drop(tx);
         thread.join().expect("stage");
         assert_eq!(metrics.capture_spill_bytes.get(), 0);
-        assert!(matches!(rx.recv_timeout(Duration::from_secs(5)), Err(RecvTimeoutError::Disconnected)));
+        assert!(matches!(
+            rx.recv_timeout(Duration::from_secs(5)),
+            Err(RecvTimeoutError::Disconnected)
+        ));
     }
 
     /// Exchanges left in the spill at shutdown are the first the next start hands to the pipeline, before
@@ -340,12 +342,17 @@ mod tests {
             tx.try_send(e);
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while metrics.capture_spilled.get() + metrics.capture_dropped.get() < 99 && std::time::Instant::now() < deadline {
+        while metrics.capture_spilled.get() + metrics.capture_dropped.get() < 99 && std::time::Instant::now() < deadline
+        {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(metrics.capture_spilled.get() > 0);
         assert!(metrics.capture_dropped.get() > 0);
-        assert_eq!(metrics.capture_spilled.get() + metrics.capture_dropped.get(), 99, "one in the handoff");
+        assert_eq!(
+            metrics.capture_spilled.get() + metrics.capture_dropped.get(),
+            99,
+            "one in the handoff"
+        );
         assert!(metrics.capture_spill_bytes.get() <= 2_000);
         stop.cancel();
         thread.join().expect("stage");

@@ -239,15 +239,24 @@ mod tests {
 
     fn same(a: &RawExchange, b: &RawExchange) {
         assert_eq!(a.id, b.id);
-        assert_eq!((&*a.upstream, a.api, &a.method, &a.path, a.status), (&*b.upstream, b.api, &b.method, &b.path, b.status));
-        for (x, y) in [(Some(&a.request), Some(&b.request)), (a.response.as_ref(), b.response.as_ref())] {
+        assert_eq!(
+            (&*a.upstream, a.api, &a.method, &a.path, a.status),
+            (&*b.upstream, b.api, &b.method, &b.path, b.status)
+        );
+        for (x, y) in [
+            (Some(&a.request), Some(&b.request)),
+            (a.response.as_ref(), b.response.as_ref()),
+        ] {
             let (x, y) = (x.expect("present"), y.expect("present"));
             assert_eq!(x.headers, y.headers);
             assert_eq!(x.body_bytes(), y.body_bytes());
             assert_eq!(x.body.len(), y.body.len(), "frames kept as frames");
             assert_eq!((x.len, x.truncated, x.ended), (y.len, y.truncated, y.ended));
         }
-        assert_eq!((a.timings.start, a.timings.first_byte, a.timings.end), (b.timings.start, b.timings.first_byte, b.timings.end));
+        assert_eq!(
+            (a.timings.start, a.timings.first_byte, a.timings.end),
+            (b.timings.start, b.timings.first_byte, b.timings.end)
+        );
         assert_eq!((a.outcome, &a.error, &a.meta), (b.outcome, &b.error, &b.meta));
     }
 
@@ -278,12 +287,18 @@ mod tests {
         let (b, m) = decode(&whole, n).expect("second");
         assert_eq!(m, second);
         same(&sample(), &b);
-        assert!(matches!(decode(&whole, n + m), Err(RecordError::Torn { needed: 8, left: 0 })));
+        assert!(matches!(
+            decode(&whole, n + m),
+            Err(RecordError::Torn { needed: 8, left: 0 })
+        ));
 
         // Every cut of the second record is a torn record, never a panic or an exchange.
         for cut in first..buf.len() {
             let torn = Bytes::copy_from_slice(&buf[..cut]);
-            assert!(matches!(decode(&torn, first), Err(RecordError::Torn { .. })), "cut at {cut}");
+            assert!(
+                matches!(decode(&torn, first), Err(RecordError::Torn { .. })),
+                "cut at {cut}"
+            );
         }
         // Any flipped payload byte fails the checksum.
         for at in [first + FRAME_HEADER, first + FRAME_HEADER + 100, buf.len() - 1] {
@@ -294,7 +309,10 @@ mod tests {
         // A length no record can have.
         let mut damaged = buf.clone();
         damaged[first + 3] = 0xff;
-        assert!(matches!(decode(&Bytes::from(damaged), first), Err(RecordError::Length(_))));
+        assert!(matches!(
+            decode(&Bytes::from(damaged), first),
+            Err(RecordError::Length(_))
+        ));
         // A right checksum over bytes that are not a mirror.
         let junk = [1u8, 2, 3];
         let mut framed = (junk.len() as u32).to_le_bytes().to_vec();

@@ -148,7 +148,10 @@ impl Segments {
         }
         if self.writer.is_none() {
             let path = self.path(seq);
-            let mut file = create_file(&path).map_err(|source| SpillError::Io { path: path.clone(), source })?;
+            let mut file = create_file(&path).map_err(|source| SpillError::Io {
+                path: path.clone(),
+                source,
+            })?;
             self.next_seq += 1;
             self.on_disk.push_back((seq, 0));
             let written = file.write_all(MAGIC);
@@ -196,7 +199,9 @@ impl Segments {
             let Some(current) = self.current.as_mut() else { break };
             let mut end = None;
             while out.len() < max {
-                let Some((exchange, frame, after)) = current.records.pop_front() else { break };
+                let Some((exchange, frame, after)) = current.records.pop_front() else {
+                    break;
+                };
                 self.bytes -= frame;
                 end = Some(after);
                 out.push(exchange);
@@ -248,7 +253,10 @@ impl Segments {
             let buffer = match read_all(&path) {
                 Ok(b) => Bytes::from(b),
                 Err(source) => {
-                    on_error(SpillError::Io { path: path.clone(), source });
+                    on_error(SpillError::Io {
+                        path: path.clone(),
+                        source,
+                    });
                     let _ = std::fs::remove_file(&path);
                     continue;
                 }
@@ -265,7 +273,10 @@ impl Segments {
                         }
                         Err(source) => {
                             // Nothing after a bad frame can be trusted to start a record: the rest is skipped.
-                            on_error(SpillError::Record { path: path.clone(), source });
+                            on_error(SpillError::Record {
+                                path: path.clone(),
+                                source,
+                            });
                             break;
                         }
                     }
@@ -385,7 +396,11 @@ mod tests {
             s.append(&big(id), u64::MAX).expect("append");
         }
         assert!(s.on_disk.len() >= 2, "{} segments", s.on_disk.len());
-        let first: Vec<u128> = s.take(1, &mut |e| panic!("{e}")).iter().map(|e| e.id.as_u128()).collect();
+        let first: Vec<u128> = s
+            .take(1, &mut |e| panic!("{e}"))
+            .iter()
+            .map(|e| e.id.as_u128())
+            .collect();
         assert_eq!(first, [0]);
         s.append(&big(5), u64::MAX).expect("append");
         assert_eq!(ids(&mut s), [1, 2, 3, 4, 5]);
@@ -406,7 +421,11 @@ mod tests {
         for id in 0..10 {
             s.append(&RawExchange::for_test(id), u64::MAX).expect("append");
         }
-        let handed: Vec<u128> = s.take(3, &mut |e| panic!("{e}")).iter().map(|e| e.id.as_u128()).collect();
+        let handed: Vec<u128> = s
+            .take(3, &mut |e| panic!("{e}"))
+            .iter()
+            .map(|e| e.id.as_u128())
+            .collect();
         assert_eq!(handed, [0, 1, 2]);
         s.append(&RawExchange::for_test(10), u64::MAX).expect("append");
         drop(s);
@@ -430,7 +449,11 @@ mod tests {
                 refused += 1;
             }
         }
-        assert!(refused > 0 && s.bytes() <= 200, "{refused} refused, {} bytes", s.bytes());
+        assert!(
+            refused > 0 && s.bytes() <= 200,
+            "{refused} refused, {} bytes",
+            s.bytes()
+        );
     }
 
     /// A torn tail (kill -9 mid-write) and a file that is not a segment: the records before the damage come
