@@ -208,6 +208,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         captured = metrics.captured.get(),
         dropped = metrics.capture_dropped.get(),
         dropped_trajectories = metrics.capture_dropped_trajectories.get(),
+        spill_backlog_bytes = metrics.capture_spill_bytes.get(),
         stored = metrics.stored.get(),
         "Stopped"
     );

@@ -36,11 +36,12 @@ async fn burst(tap: &Llmtap, f: &Fixture, n: usize) {
     }
 }
 
-/// Wait (at most two minutes) until nothing waits in memory or in the spill and every exchange taken is
-/// processed and stored.
-fn wait_drained(tap: &Llmtap) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut last = u64::MAX;
+/// Wait (at most three minutes) until nothing waits in memory or in the spill, every exchange taken is
+/// processed, and the store has committed one trace per processed exchange on top of the `before` it held
+/// when this llmtap started (so the wait holds on a starved machine, where the store may commit seconds after
+/// the pipeline processed).
+fn wait_drained(tap: &Llmtap, dir: &Path, before: i64) {
+    let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let m = tap.metrics();
         let get = |name: &str| {
@@ -48,17 +49,20 @@ fn wait_drained(tap: &Llmtap) {
                 .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()))
                 .unwrap_or(0)
         };
-        let stored = get("llmtap_stored_total ");
+        let processed = get("llmtap_processed_total ");
+        // Processed may exceed captured: a restart processes what an earlier run captured.
         let idle = get("llmtap_capture_spill_bytes ") == 0
             && get("llmtap_capture_queue_bytes ") == 0
-            // Processed may exceed captured: a restart processes what an earlier run captured.
-            && get("llmtap_processed_total ") + get("llmtap_capture_dropped_total ") >= get("llmtap_captured_total ");
-        if idle && stored == last {
+            && processed + get("llmtap_capture_dropped_total ") >= get("llmtap_captured_total ");
+        let committed = traces_in_db(dir);
+        if idle && committed == before + processed as i64 {
             return;
         }
-        assert!(Instant::now() < deadline, "capture did not drain: {m}");
-        last = stored;
-        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            Instant::now() < deadline,
+            "capture did not drain: {committed} traces committed, {before} before + {processed} processed\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -91,7 +95,7 @@ async fn a_burst_beyond_the_pipeline_is_spilled_and_all_stored_in_order() {
         assert_eq!(reply.status, call.status, "{}", call.name);
     }
     let n = 300 + agent.len();
-    wait_drained(&tap);
+    wait_drained(&tap, dir.path(), 0);
     assert_eq!(tap.metric("llmtap_capture_dropped_total"), 0);
     assert!(tap.metric("llmtap_capture_spilled_total") > 0, "the burst was spilled");
     assert_eq!(tap.metric("llmtap_capture_spill_errors_total"), 0);
@@ -134,7 +138,7 @@ async fn without_the_spill_the_burst_drops() {
     let tap = Llmtap::start(&config, dir.path());
     let f = json_calls(1).remove(0);
     burst(&tap, &f, 300).await;
-    wait_drained(&tap);
+    wait_drained(&tap, dir.path(), 0);
     let dropped = tap.metric("llmtap_capture_dropped_total");
     assert!(dropped > 0, "a four-exchange queue took a 300-request burst");
     assert_eq!(tap.metric("llmtap_capture_spilled_total"), 0);
@@ -174,9 +178,10 @@ async fn a_backlog_left_at_stop_is_stored_after_the_restart() {
     let answered = fill_the_spill(&tap, &f).await;
     assert!(tap.terminate().success());
     assert!(spill_files(dir.path()) > 0, "the backlog is on disk");
+    let before = traces_in_db(dir.path());
 
     let tap = Llmtap::start(&config, dir.path());
-    wait_drained(&tap);
+    wait_drained(&tap, dir.path(), before);
     assert!(
         tap.metric("llmtap_processed_total") > 0,
         "the backlog was processed after the restart"
@@ -203,7 +208,7 @@ async fn a_kill_9_keeps_the_spilled_backlog() {
     assert!(spill_files(dir.path()) > 0, "the backlog is on disk");
 
     let tap = Llmtap::start(&config, dir.path());
-    wait_drained(&tap);
+    wait_drained(&tap, dir.path(), committed);
     let recovered = tap.metric("llmtap_processed_total") as i64;
     assert!(recovered > 0, "the backlog was processed after the restart");
     let stored = tap.export("provider-traces", &[]).len() as i64;
@@ -246,7 +251,7 @@ async fn a_torn_spill_is_skipped_with_one_error() {
     std::fs::write(spill.join(format!("{:020}.seg", 99)), b"LLMTSPL1 then noise").unwrap();
 
     let (tap, log) = Llmtap::start_capturing_log(&upstream_config(&up, ""), dir.path());
-    wait_drained(&tap);
+    wait_drained(&tap, dir.path(), 0);
     assert_eq!(
         tap.export("provider-traces", &[]).len(),
         2,

@@ -31,7 +31,8 @@
 //! hold (`capture.queue_bytes`), so a store that falls behind on multi-megabyte requests cannot grow llmtap's
 //! memory without limit. An exchange that does not fit is dropped from capture and counted (traffic is never
 //! slowed); one larger than the whole byte budget is still taken when the queue is empty. The bytes waiting are
-//! the `llmtap_capture_queue_bytes` gauge.
+//! the `llmtap_capture_queue_bytes` gauge. With the spill on, the receiver is the spill thread rather than the
+//! pipeline, and an exchange it cannot hand on goes to disk before anything is dropped (see [`super::spill`]).
 //!
 //! No lost wake-up: the pipeline sets `sleeping`, then looks at the queue once more before parking; a sender
 //! pushes, then reads `sleeping`. Both sides put a `SeqCst` fence between their write and their read, so at
