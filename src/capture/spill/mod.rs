@@ -21,8 +21,9 @@
 //! them is in memory).
 //!
 //! Restart: segments a previous run left are the oldest exchanges and go to the pipeline before any new one
-//! (the thread starts in the spilling state). At shutdown the thread writes what the intake still holds to
-//! the spill rather than holding shutdown up for a backlog that may take minutes to process; the next start
+//! (while the spill is not empty, new exchanges are appended behind them). At shutdown the thread still routes
+//! what the intake holds, then ends without waiting for the backlog, which may take minutes to process: it
+//! stays on disk (the segment being handed out resumes at its cursor, see [`segments`]) and the next start
 //! processes it first.
 
 pub mod record;
