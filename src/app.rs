@@ -28,6 +28,8 @@ pub enum AppError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Tls(#[from] crate::proxy::forward::TlsSetupError),
+    #[error("cannot open the capture spill: {0}")]
+    Spill(#[source] crate::capture::spill::SpillError),
     #[error("cannot start a worker thread: {0}")]
     Thread(#[source] std::io::Error),
     #[error(
@@ -64,25 +66,60 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
 
     let live = crate::api::live_channel();
     let pipeline_stop = CancellationToken::new();
-    let (capture_tx, pipeline_thread) = if config.capture.enabled {
-        let (tx, mut rx) = CaptureTx::channel(&config.capture, metrics.clone());
-        rx.set_mark_lifetime(config.derive.idle_timeout);
-        let thread = crate::pipeline::spawn(
-            rx,
-            store_tx.clone(),
-            crate::pipeline::Settings {
-                derive: config.derive.clone(),
-                body_cap: config.capture.max_body_bytes,
-                prices,
-            },
-            metrics.clone(),
-            Some(live.clone()),
-            pipeline_stop.clone(),
-        )
-        .map_err(AppError::Thread)?;
-        (Some(tx), Some(thread))
+    let (capture_tx, pipeline_thread, spill_thread) = if config.capture.enabled {
+        let settings = crate::pipeline::Settings {
+            derive: config.derive.clone(),
+            body_cap: config.capture.max_body_bytes,
+            prices,
+        };
+        if config.capture.spill_bytes > 0 {
+            // The spill thread consumes the queue and feeds the pipeline through a handoff of
+            // `queue_capacity` exchanges; the queue itself needs room for one of its polls (capture::spill).
+            let intake = crate::config::CaptureConfig {
+                queue_capacity: config
+                    .capture
+                    .queue_capacity
+                    .max(crate::capture::spill::INTAKE_CAPACITY),
+                ..config.capture.clone()
+            };
+            let (tx, mut rx) = CaptureTx::channel(&intake, metrics.clone());
+            rx.set_mark_lifetime(config.derive.idle_timeout);
+            let (spill_rx, spill_thread) = crate::capture::spill::spawn(
+                rx,
+                &config.data_dir.join("spill"),
+                config.capture.queue_capacity,
+                config.capture.spill_bytes,
+                metrics.clone(),
+                pipeline_stop.clone(),
+            )
+            .map_err(AppError::Spill)?;
+            // The pipeline ends when the spill thread does (after the stop, once the queue is empty).
+            let thread = crate::pipeline::spawn(
+                spill_rx,
+                store_tx.clone(),
+                settings,
+                metrics.clone(),
+                Some(live.clone()),
+                CancellationToken::new(),
+            )
+            .map_err(AppError::Thread)?;
+            (Some(tx), Some(thread), Some(spill_thread))
+        } else {
+            let (tx, mut rx) = CaptureTx::channel(&config.capture, metrics.clone());
+            rx.set_mark_lifetime(config.derive.idle_timeout);
+            let thread = crate::pipeline::spawn(
+                rx,
+                store_tx.clone(),
+                settings,
+                metrics.clone(),
+                Some(live.clone()),
+                pipeline_stop.clone(),
+            )
+            .map_err(AppError::Thread)?;
+            (Some(tx), Some(thread), None)
+        }
     } else {
-        (None, None)
+        (None, None, None)
     };
     drop(store_tx);
 
@@ -150,6 +187,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     pipeline_stop.cancel();
     // The proxy has closed every connection; the pipeline ends once the capture queue is empty.
     let threads = tokio::task::spawn_blocking(move || {
+        if let Some(t) = spill_thread {
+            let _ = t.join();
+        }
         if let Some(t) = pipeline_thread {
             let _ = t.join();
         }
@@ -168,6 +208,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
         captured = metrics.captured.get(),
         dropped = metrics.capture_dropped.get(),
         dropped_trajectories = metrics.capture_dropped_trajectories.get(),
+        spill_backlog_bytes = metrics.capture_spill_bytes.get(),
         stored = metrics.stored.get(),
         "Stopped"
     );

@@ -152,6 +152,7 @@ pub struct RawCapture {
     pub max_body_bytes: Option<usize>,
     pub queue_capacity: Option<usize>,
     pub queue_bytes: Option<u64>,
+    pub spill_bytes: Option<u64>,
     pub redact_headers: Option<Vec<String>>,
 }
 
@@ -268,6 +269,9 @@ pub struct OtlpConfig {
     pub metrics: bool,
 }
 
+/// The smallest non-zero `capture.spill_bytes`.
+pub const MIN_SPILL_BYTES: u64 = 1024 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct CaptureConfig {
     pub enabled: bool,
@@ -277,6 +281,9 @@ pub struct CaptureConfig {
     pub queue_capacity: usize,
     /// Captured bytes (bodies and headers) waiting to be processed; same policy as `queue_capacity`.
     pub queue_bytes: u64,
+    /// Exchanges the pipeline cannot take yet are written to `<data_dir>/spill/` up to this many bytes
+    /// instead of being dropped (see `capture::spill`); 0 = no spill: a full queue drops.
+    pub spill_bytes: u64,
     /// Name fragments redacted in the captured copy besides the built-in rule (see `proxy::redact`): headers
     /// and query parameters, any case and separator style.
     pub redact_headers: Vec<String>,
@@ -289,6 +296,7 @@ impl Default for CaptureConfig {
             max_body_bytes: 32 * 1024 * 1024,
             queue_capacity: 4096,
             queue_bytes: 256 * 1024 * 1024,
+            spill_bytes: 1024 * 1024 * 1024,
             redact_headers: Vec::new(),
         }
     }
@@ -467,10 +475,19 @@ impl RawConfig {
             max_body_bytes: self.capture.max_body_bytes.unwrap_or(cd.max_body_bytes),
             queue_capacity: self.capture.queue_capacity.unwrap_or(cd.queue_capacity),
             queue_bytes: self.capture.queue_bytes.unwrap_or(cd.queue_bytes),
+            spill_bytes: self.capture.spill_bytes.unwrap_or(cd.spill_bytes),
             redact_headers: self.capture.redact_headers.unwrap_or(cd.redact_headers),
         };
         if capture.queue_capacity == 0 {
             return Err(invalid("capture.queue_capacity", "must be at least 1"));
+        }
+        // A spill smaller than one segment would refuse most exchanges while costing disk writes: a typo
+        // (`spill_bytes = 1024` meant as KiB) is a startup error rather than a silent near-drop.
+        if capture.spill_bytes != 0 && capture.spill_bytes < MIN_SPILL_BYTES {
+            return Err(invalid(
+                "capture.spill_bytes",
+                format!("must be 0 (no spill) or at least {MIN_SPILL_BYTES} bytes (1 MiB)"),
+            ));
         }
         // Names are compared by their letters and digits only: an entry without any would match nothing.
         if let Some(bad) = capture
@@ -797,6 +814,21 @@ mod tests {
         assert!(err.contains("upstreams.x.url"), "{err}");
         let raw = RawConfig::from_toml("listen = \"nope\"\n").unwrap();
         assert!(raw.validate().unwrap_err().to_string().contains("`listen`"));
+    }
+
+    #[test]
+    fn spill_bytes_is_zero_or_at_least_a_mebibyte() {
+        let spill = |toml: &str| {
+            RawConfig::from_toml(toml)
+                .unwrap()
+                .validate()
+                .map(|c| c.capture.spill_bytes)
+        };
+        assert_eq!(spill("").unwrap(), 1 << 30, "on by default");
+        assert_eq!(spill("[capture]\nspill_bytes = 0\n").unwrap(), 0);
+        assert_eq!(spill("[capture]\nspill_bytes = 1048576\n").unwrap(), 1 << 20);
+        let err = spill("[capture]\nspill_bytes = 1024\n").unwrap_err().to_string();
+        assert!(err.contains("capture.spill_bytes"), "{err}");
     }
 
     #[test]

@@ -151,6 +151,11 @@ pub struct Metrics {
     pub capture_truncated: Counter,
     /// Gauge: captured bytes waiting for the pipeline (see `capture::queue`).
     pub capture_queue_bytes: Counter,
+    /// Gauge: spilled record bytes not yet handed to the pipeline (see `capture::spill`).
+    pub capture_spill_bytes: Counter,
+    pub capture_spilled: Counter,
+    pub capture_spill_errors: Counter,
+    logged_spill_error: Once,
     pub processed: Counter,
     pub process_errors: Counter,
     pub steps_derived: Counter,
@@ -199,6 +204,14 @@ impl Metrics {
             tracing::warn!(
                 "Capture queue full or closed; dropping exchanges from capture (traffic unaffected, counted in llmtap_capture_dropped_total)"
             );
+        }
+    }
+
+    /// The spill could not write or read a record (a full disk, a torn tail after a crash): counted, logged once.
+    pub fn capture_spill_error(&self, error: &dyn std::fmt::Display) {
+        self.capture_spill_errors.inc();
+        if self.logged_spill_error.first() {
+            tracing::warn!(%error, "Capture spill error; further errors are only counted (llmtap_capture_spill_errors_total)");
         }
     }
 
@@ -279,6 +292,21 @@ impl Metrics {
                 "llmtap_capture_queue_bytes",
                 "Captured body and header bytes held in memory (exchanges in flight and waiting for the pipeline).",
                 self.capture_queue_bytes.get(),
+            ),
+            (
+                "llmtap_capture_spill_bytes",
+                "Captured exchanges waiting on disk for the pipeline (capture.spill_bytes), in record bytes.",
+                self.capture_spill_bytes.get(),
+            ),
+            (
+                "llmtap_capture_spilled_total",
+                "Exchanges written to the capture spill because the pipeline was behind.",
+                self.capture_spilled.get(),
+            ),
+            (
+                "llmtap_capture_spill_errors_total",
+                "Spill records that could not be written or read back (a full disk, a torn record after a crash).",
+                self.capture_spill_errors.get(),
             ),
             (
                 "llmtap_capture_truncated_total",

@@ -120,12 +120,20 @@ async fn official_sdks_work_through_llmtap_and_are_captured() {
 
     let mut tap = tap;
     tap.terminate();
-    for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
-        let hay = String::from_utf8_lossy(&std::fs::read(entry.path()).unwrap()).into_owned();
-        assert!(
-            !hay.contains("SDKSECRET"),
-            "API key stored in {}",
-            entry.path().display()
-        );
+    // Every file of the data directory, the capture spill's included.
+    let mut dirs = vec![dir.path().to_owned()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            if entry.path().is_dir() {
+                dirs.push(entry.path());
+                continue;
+            }
+            let hay = String::from_utf8_lossy(&std::fs::read(entry.path()).unwrap()).into_owned();
+            assert!(
+                !hay.contains("SDKSECRET"),
+                "API key stored in {}",
+                entry.path().display()
+            );
+        }
     }
 }

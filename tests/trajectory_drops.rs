@@ -42,7 +42,8 @@ fn identify(request: &Value) -> (usize, usize) {
 async fn an_overrun_capture_drops_whole_conversations_and_counts_them() {
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = upstream_config(&up, "[capture]\nqueue_capacity = 1\n");
+    // Without the spill (on by default), which would absorb the overrun instead of dropping.
+    let config = upstream_config(&up, "[capture]\nqueue_capacity = 1\nspill_bytes = 0\n");
     let tap = Llmtap::start(&config, dir.path());
     let f = all_fixtures()
         .into_iter()

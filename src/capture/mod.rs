@@ -10,6 +10,7 @@ pub mod conversation;
 pub mod decode;
 pub mod handoff;
 pub mod queue;
+pub mod spill;
 pub mod sse;
 
 use std::sync::Arc;
@@ -17,6 +18,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 pub use queue::{CaptureRx, CaptureTx};
+
+/// Where the pipeline takes exchanges from: the capture queue itself, or the spill stage's handoff when the
+/// spill is on (see [`spill`]).
+pub trait Source: Send {
+    /// The next exchange, waiting at most `timeout`; `Disconnected` once nothing more can come.
+    fn recv_timeout(&mut self, timeout: std::time::Duration) -> Result<RawExchange, std::sync::mpsc::RecvTimeoutError>;
+    /// The next exchange if one is waiting right now.
+    fn try_recv(&mut self) -> Option<RawExchange>;
+}
 
 // The exchange vocabulary is the model's (traces and exports use it too); re-exported for the data path.
 pub use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings, UnixMicros, now_micros};
@@ -56,6 +66,16 @@ impl HeaderList {
         self.text.push(':');
         self.text.push_str(value);
         self.text.push('\n');
+    }
+
+    /// The list as stored: `name:value\n` per pair (what the spill writes to disk).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// A list from [`HeaderList::text`]'s form (read back from the spill).
+    pub fn from_text(text: &str) -> HeaderList {
+        HeaderList { text: text.to_owned() }
     }
 
     pub fn len(&self) -> usize {

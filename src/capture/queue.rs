@@ -31,7 +31,8 @@
 //! hold (`capture.queue_bytes`), so a store that falls behind on multi-megabyte requests cannot grow llmtap's
 //! memory without limit. An exchange that does not fit is dropped from capture and counted (traffic is never
 //! slowed); one larger than the whole byte budget is still taken when the queue is empty. The bytes waiting are
-//! the `llmtap_capture_queue_bytes` gauge.
+//! the `llmtap_capture_queue_bytes` gauge. With the spill on, the receiver is the spill thread rather than the
+//! pipeline, and an exchange it cannot hand on goes to disk before anything is dropped (see [`super::spill`]).
 //!
 //! No lost wake-up: the pipeline sets `sleeping`, then looks at the queue once more before parking; a sender
 //! pushes, then reads `sleeping`. Both sides put a `SeqCst` fence between their write and their read, so at
@@ -231,6 +232,13 @@ impl CaptureRx {
         std::iter::from_fn(|| self.try_recv()).collect()
     }
 
+    /// Drop an exchange taken from this queue that cannot go further (the spill is full): counted as a
+    /// capture drop, and its conversation's later exchanges are dropped too.
+    pub fn drop_exchange(&self, exchange: RawExchange) {
+        self.dropped.note(&exchange);
+        self.metrics.capture_dropped();
+    }
+
     /// A dropped conversation's mark lives until it has been quiet this long (`derive.idle_timeout`: then
     /// derivation would have closed its trajectory).
     pub fn set_mark_lifetime(&mut self, lifetime: Duration) {
@@ -255,6 +263,16 @@ impl CaptureRx {
                 Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
             }
         }
+    }
+}
+
+impl super::Source for CaptureRx {
+    fn recv_timeout(&mut self, timeout: Duration) -> Result<RawExchange, RecvTimeoutError> {
+        CaptureRx::recv_timeout(self, timeout)
+    }
+
+    fn try_recv(&mut self) -> Option<RawExchange> {
+        CaptureRx::try_recv(self)
     }
 }
 

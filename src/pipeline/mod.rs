@@ -1,6 +1,7 @@
 //! The pipeline thread: capture queue → process (decode, reassemble, normalize) → price → derive → store.
 //!
-//! One OS thread, off the async workers. It owns the deriver's state, so derivation needs no locks. It works in
+//! One OS thread, off the async workers, fed by the capture queue or, with the spill on, by the spill thread
+//! in front of it (see `capture::spill`). It owns the deriver's state, so derivation needs no locks. It works in
 //! passes: what the capture queue holds is processed back to back and handed to the store as one batch (one
 //! wake-up of the writer per pass, not one per record). It ends when the capture queue closes (every
 //! `CaptureTx` dropped, i.e. after the proxy drained), flushing the deriver's open trajectories first.
@@ -17,7 +18,7 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::capture::CaptureRx;
+use crate::capture::Source;
 use crate::config::DeriveConfig;
 use crate::derive::Deriver;
 use crate::store::{Record, StoreTx};
@@ -37,8 +38,9 @@ pub struct Settings {
     pub prices: crate::cost::CostTable,
 }
 
+/// `rx` is the capture queue, or the spill stage's handoff when the spill is on (`capture::spill`).
 pub fn spawn(
-    mut rx: CaptureRx,
+    mut rx: impl Source + 'static,
     store: StoreTx,
     settings: Settings,
     metrics: Arc<Metrics>,
