@@ -263,17 +263,10 @@ async fn secrets_reach_the_upstream_but_never_the_store() {
     let mut tap = tap;
     tap.terminate();
     // Nothing in any file of the data directory (database, WAL, shm, the capture spill) holds a secret.
-    let mut dirs = vec![dir.path().to_owned()];
-    while let Some(d) = dirs.pop() {
-        for entry in std::fs::read_dir(&d).unwrap().flatten() {
-            if entry.path().is_dir() {
-                dirs.push(entry.path());
-                continue;
-            }
-            let bytes = std::fs::read(entry.path()).unwrap();
-            let hay = String::from_utf8_lossy(&bytes);
-            assert!(!hay.contains("SECRET"), "secret found in {}", entry.path().display());
-        }
+    for file in common::files_under(dir.path()) {
+        let bytes = std::fs::read(&file).unwrap();
+        let hay = String::from_utf8_lossy(&bytes);
+        assert!(!hay.contains("SECRET"), "secret found in {}", file.display());
     }
 }
 

@@ -121,19 +121,8 @@ async fn official_sdks_work_through_llmtap_and_are_captured() {
     let mut tap = tap;
     tap.terminate();
     // Every file of the data directory, the capture spill's included.
-    let mut dirs = vec![dir.path().to_owned()];
-    while let Some(d) = dirs.pop() {
-        for entry in std::fs::read_dir(&d).unwrap().flatten() {
-            if entry.path().is_dir() {
-                dirs.push(entry.path());
-                continue;
-            }
-            let hay = String::from_utf8_lossy(&std::fs::read(entry.path()).unwrap()).into_owned();
-            assert!(
-                !hay.contains("SDKSECRET"),
-                "API key stored in {}",
-                entry.path().display()
-            );
-        }
+    for file in common::files_under(dir.path()) {
+        let hay = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).into_owned();
+        assert!(!hay.contains("SDKSECRET"), "API key stored in {}", file.display());
     }
 }

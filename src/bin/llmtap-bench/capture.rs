@@ -116,12 +116,7 @@ pub fn bytes_per_call(calls: usize) {
     let dir = std::env::temp_dir().join(format!("llmtap-bench-bytes-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let metrics = Arc::new(Metrics::default());
-    let Some(InProcess {
-        tx,
-        pipeline,
-        store_thread,
-    }) = InProcess::start(&dir, &metrics)
-    else {
+    let Some(stack) = InProcess::start(&dir, &metrics) else {
         return;
     };
     let t0 = llmtap::capture::now_micros();
@@ -137,16 +132,16 @@ pub fn bytes_per_call(calls: usize) {
         if call + 1 == calls {
             unique += request.len();
         }
-        tx.try_send(exchange(call as u128, request, response, t0 + call as i64 * 1_000_000));
+        stack
+            .tx
+            .try_send(exchange(call as u128, request, response, t0 + call as i64 * 1_000_000));
         // One at a time, as an agent calls: each call's records reach the store before the next.
         let deadline = Instant::now() + Duration::from_secs(5);
         while metrics.processed.get() < call as u64 + 1 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    drop(tx);
-    let _ = pipeline.join();
-    let _ = store_thread.join();
+    stack.finish();
     let Ok(db) = llmtap::store::open(&dir) else { return };
     let _ = db.pragma_update(None, "wal_checkpoint", "TRUNCATE");
     let _ = db.execute_batch("VACUUM");
@@ -349,12 +344,7 @@ pub fn store_rate(n: usize) {
             return;
         };
         let metrics = Arc::new(Metrics::default());
-        let Some(InProcess {
-            tx,
-            pipeline,
-            store_thread,
-        }) = InProcess::start(&dir, &metrics)
-        else {
+        let Some(stack) = InProcess::start(&dir, &metrics) else {
             return;
         };
         let bodies: Vec<(String, String)> = (0..n).map(&make).collect();
@@ -365,7 +355,9 @@ pub fn store_rate(n: usize) {
             while i as u64 - metrics.processed.get() >= 2_000 {
                 std::thread::sleep(Duration::from_micros(200));
             }
-            tx.try_send(exchange(i as u128 + 1, req, resp, llmtap::capture::now_micros()));
+            stack
+                .tx
+                .try_send(exchange(i as u128 + 1, req, resp, llmtap::capture::now_micros()));
         }
         // Until every exchange is processed and its records are committed (the store count stops moving).
         let mut stored = metrics.stored.get();
@@ -381,9 +373,7 @@ pub fn store_rate(n: usize) {
         let (pipe1, store1) = (thread_cpu_us("llmtap-pipeline"), thread_cpu_us("llmtap-store"));
         // Closing the trajectories still open (up to the open limit) happens at shutdown: timed apart.
         let t1 = Instant::now();
-        drop(tx);
-        let _ = pipeline.join();
-        let _ = store_thread.join();
+        stack.finish();
         let per = |a: u64, b: u64| (b - a) as f64 / n as f64;
         println!(
             "store rate, {label}: {n} exchanges in {secs:.2} s = {} exchanges/s ({} dropped, {:.1} records \

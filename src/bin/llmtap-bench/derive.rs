@@ -174,6 +174,14 @@ pub struct InProcess {
 }
 
 impl InProcess {
+    /// Close the capture queue and wait until the pipeline has closed every trajectory and the writer has
+    /// committed everything.
+    pub fn finish(self) {
+        drop(self.tx);
+        let _ = self.pipeline.join();
+        let _ = self.store_thread.join();
+    }
+
     pub fn start(dir: &std::path::Path, metrics: &Arc<Metrics>) -> Option<InProcess> {
         let conn = llmtap::store::open(dir).ok()?;
         let (store_tx, store_thread) =
@@ -202,12 +210,7 @@ fn latency_to_store(calls: usize) {
         None => return,
     };
     let metrics = Arc::new(Metrics::default());
-    let Some(InProcess {
-        tx,
-        pipeline,
-        store_thread,
-    }) = InProcess::start(&dir, &metrics)
-    else {
+    let Some(stack) = InProcess::start(&dir, &metrics) else {
         return;
     };
     // Back to back (each call sent as soon as the previous one is stored: traffic that flows, so the store groups
@@ -229,7 +232,7 @@ fn latency_to_store(calls: usize) {
             std::thread::sleep(gap);
             let before = metrics.stored.get();
             let t0 = Instant::now();
-            tx.try_send(exchange(next_id, 9, llmtap::capture::now_micros()));
+            stack.tx.try_send(exchange(next_id, 9, llmtap::capture::now_micros()));
             next_id += 1;
             // A 20-message call in a new trajectory: trace + agent step + trajectory summary = 3 records.
             while metrics.stored.get() < before + 3 {
@@ -242,9 +245,7 @@ fn latency_to_store(calls: usize) {
         }
         results.push((name, Summary::of(&mut lat)));
     }
-    drop(tx);
-    let _ = pipeline.join();
-    let _ = store_thread.join();
+    stack.finish();
     for (name, s) in results {
         println!(
             "  latency try_send -> step committed in SQLite (20-message call, {name}): p50 {} p99 {}",
