@@ -227,7 +227,7 @@ async fn a_store_llmtap_cannot_write_stops_serve_with_a_message_naming_it() {
     assert_eq!(tap.export("provider-traces", &[]).len(), 1);
 }
 
-/// The documented guarantee (README, "The store"): an exchange whose response completed more than this long
+/// The documented guarantee (docs/operations.md, Faults): an exchange whose response completed more than this long
 /// before a kill -9 is in the store (while capture keeps up).
 const KILL_WINDOW: Duration = Duration::from_secs(1);
 
