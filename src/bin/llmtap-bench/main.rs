@@ -59,6 +59,7 @@ fn main() {
             viewer_run(smoke);
             capture::bytes_per_call(100);
             capture::lossless(smoke);
+            capture::store_rate(if smoke { 2_000 } else { 50_000 });
         }
         "proxy" => proxy::run(scale, false),
         "latency" => proxy::run(scale, true),
