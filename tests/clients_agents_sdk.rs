@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -70,13 +69,7 @@ async fn agents_sdk_tool_and_handoff_on_responses_and_chat() {
     );
     assert_eq!(files_containing(&tap.data_dir, "CLIENTSECRET"), Vec::<PathBuf>::new());
 
-    let mut by_traj: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for s in tap.export("steps", &[]) {
-        by_traj
-            .entry(s["trajectory_id"].as_str().unwrap().to_owned())
-            .or_default()
-            .push(s);
-    }
+    let by_traj = tap.steps_by_trajectory();
     let sessions = tap.sessions_json();
     eprintln!("{}", tap.cli(&["sessions"]));
     let trajectory_with = |text: &str| {

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -28,13 +27,7 @@ fn script(tap: &Llmtap) -> Command {
 
 /// Trajectories holding a user step with `text`, each with its steps.
 fn trajectories_with(tap: &Llmtap, text: &str) -> Vec<(String, Vec<Value>)> {
-    let mut by_traj: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for s in tap.export("steps", &[]) {
-        by_traj
-            .entry(s["trajectory_id"].as_str().unwrap().to_owned())
-            .or_default()
-            .push(s);
-    }
+    let by_traj = tap.steps_by_trajectory();
     by_traj
         .into_iter()
         .filter(|(_, steps)| {

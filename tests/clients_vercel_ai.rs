@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -80,13 +79,7 @@ async fn vercel_ai_multi_step_tool_loops() {
     );
     assert_eq!(files_containing(&tap.data_dir, "CLIENTSECRET"), Vec::<PathBuf>::new());
 
-    let mut by_traj: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for s in tap.export("steps", &[]) {
-        by_traj
-            .entry(s["trajectory_id"].as_str().unwrap().to_owned())
-            .or_default()
-            .push(s);
-    }
+    let by_traj = tap.steps_by_trajectory();
     let sessions = tap.sessions_json();
     eprintln!("{}", tap.cli(&["sessions"]));
     for (name, marker, rounds) in runs {

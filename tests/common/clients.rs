@@ -83,17 +83,8 @@ pub async fn run_client(mut command: Command, limit_secs: u64) -> Run {
 
 /// Every file under `dir` that contains `needle` (to prove a secret was stored nowhere).
 pub fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
-    let mut hits = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if std::fs::read(&path).is_ok_and(|b| String::from_utf8_lossy(&b).contains(needle)) {
-                hits.push(path);
-            }
-        }
-    }
-    hits
+    super::files_under(dir)
+        .into_iter()
+        .filter(|path| std::fs::read(path).is_ok_and(|b| String::from_utf8_lossy(&b).contains(needle)))
+        .collect()
 }

@@ -800,6 +800,16 @@ impl Llmtap {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// The `steps` export grouped by trajectory id (in id order), each trajectory's steps in export order.
+    pub fn steps_by_trajectory(&self) -> std::collections::BTreeMap<String, Vec<Value>> {
+        let mut by_trajectory: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
+        for s in self.export("steps", &[]) {
+            let id = s["trajectory_id"].as_str().unwrap_or_default().to_owned();
+            by_trajectory.entry(id).or_default().push(s);
+        }
+        by_trajectory
+    }
+
     pub fn export(&self, format: &str, extra: &[&str]) -> Vec<Value> {
         let mut args = vec!["export", "--format", format];
         args.extend_from_slice(extra);

@@ -79,17 +79,22 @@ pub fn run_flood(sessions: usize) {
 /// Session `s` starts at `start + s * FLOOD_STEP_US`.
 const FLOOD_STEP_US: i64 = 1_000_000;
 
+/// The store writer on a store in `dir`, as `llmtap serve` runs it.
+fn start_writer(
+    dir: &std::path::Path,
+) -> Result<(llmtap::store::StoreTx, std::thread::JoinHandle<()>), llmtap::store::StoreError> {
+    let conn = llmtap::store::open(dir)?;
+    llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), Arc::new(Metrics::default())).map_err(|source| {
+        llmtap::store::StoreError::DataDir {
+            path: dir.to_owned(),
+            source,
+        }
+    })
+}
+
 /// Writes `sessions` one-call sessions through the store writer; returns the first one's start (Unix micros).
 fn build_flood(dir: &std::path::Path, sessions: usize) -> Result<i64, llmtap::store::StoreError> {
-    let metrics = Arc::new(Metrics::default());
-    let conn = llmtap::store::open(dir)?;
-    let (tx, thread) =
-        llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone()).map_err(|e| {
-            llmtap::store::StoreError::DataDir {
-                path: dir.to_owned(),
-                source: e,
-            }
-        })?;
+    let (tx, thread) = start_writer(dir)?;
     let start = llmtap::capture::now_micros() - 86_400_000_000 - sessions as i64 * FLOOD_STEP_US;
     let mut deriver = Deriver::new(DeriveConfig::default());
     let mut batch = Vec::new();
@@ -168,15 +173,7 @@ fn measure_flood(dir: &std::path::Path, sessions: usize, start: i64) -> Result<(
 }
 
 fn build(dir: &std::path::Path, calls: usize, small: usize, pad: usize) -> Result<(), llmtap::store::StoreError> {
-    let metrics = Arc::new(Metrics::default());
-    let conn = llmtap::store::open(dir)?;
-    let (tx, thread) =
-        llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone()).map_err(|e| {
-            llmtap::store::StoreError::DataDir {
-                path: dir.to_owned(),
-                source: e,
-            }
-        })?;
+    let (tx, thread) = start_writer(dir)?;
     let mut t = llmtap::capture::now_micros() - 86_400_000_000;
     let mut deriver = Deriver::new(DeriveConfig::default());
     // The big session: conversations of ROUNDS calls, renumbered into one trajectory.

@@ -205,7 +205,7 @@ async function sessionPage(id, params) {
   }
   await select(selected);
   main.dataset.ready = '1';
-  // A call or step of this session (a new side call included) redraws the page.
+  // A call or step whose session is the one on screen (a new side call included) redraws the page.
   onLive = (ev) => { if (ev.session_id === s.id || byId.has(ev.trajectory_id) || !ev.trajectory_id) route(); };
 }
 
