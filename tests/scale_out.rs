@@ -188,7 +188,41 @@ impl Collector {
         c
     }
 
+    /// Start rotel on the collector's ports. The ports are fixed (the replicas export to them), and while rotel
+    /// was stopped another process's outgoing connection may have taken one as its ephemeral port: rotel then
+    /// exits at once ("Address already in use"), and is started again until that connection is gone.
     async fn restart(&mut self) {
+        let addr: SocketAddr = format!("127.0.0.1:{}", self.grpc_port).parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.spawn();
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(20) {
+                if std::net::TcpStream::connect(addr).is_ok() {
+                    return;
+                }
+                if self
+                    .child
+                    .as_mut()
+                    .is_some_and(|c| c.try_wait().ok().flatten().is_some())
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for rotel to listen on {addr}"
+            );
+            if let Some(mut c) = self.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    fn spawn(&mut self) {
         let child = Command::new(rotel_bin())
             .arg("start")
             .arg("--otlp-grpc-endpoint")
@@ -204,8 +238,6 @@ impl Collector {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        let addr: SocketAddr = format!("127.0.0.1:{}", self.grpc_port).parse().unwrap();
-        wait_until("rotel to listen", 20, || std::net::TcpStream::connect(addr).is_ok()).await;
     }
 
     /// SIGTERM: rotel flushes its batches to the receiver before it exits, so afterwards the receiver holds
