@@ -1,6 +1,5 @@
 //! The upstream side: a pooled hyper-util client over rustls, and the header rules for a transparent hop.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -10,6 +9,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use rustc_hash::FxHashMap;
 use rustls::RootCertStore;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
@@ -36,13 +36,13 @@ pub enum TlsSetupError {
 /// One client per distinct trust configuration; upstreams without `ca_file` share the default client (and its pool).
 pub struct Clients {
     default: UpstreamClient,
-    by_upstream: HashMap<String, UpstreamClient>,
+    by_upstream: FxHashMap<String, UpstreamClient>,
 }
 
 impl Clients {
     pub fn build<'a>(upstreams: impl IntoIterator<Item = &'a UpstreamConfig>) -> Result<Clients, TlsSetupError> {
         let default = client(root_store(None)?)?;
-        let mut by_upstream = HashMap::new();
+        let mut by_upstream = FxHashMap::default();
         for u in upstreams {
             if let Some(ca) = &u.ca_file {
                 by_upstream.insert(u.name.to_string(), client(root_store(Some(ca))?)?);
@@ -52,6 +52,9 @@ impl Clients {
     }
 
     pub fn for_upstream(&self, name: &str) -> &UpstreamClient {
+        if self.by_upstream.is_empty() {
+            return &self.default;
+        }
         self.by_upstream.get(name).unwrap_or(&self.default)
     }
 }
@@ -144,11 +147,13 @@ pub fn upstream_request_headers(headers: &mut HeaderMap) {
 /// what is present (usually nothing, or `host` and `connection`): a `remove` per candidate name hashed and
 /// probed nine names per message whether they were there or not (~2k instructions per proxied request).
 fn strip(headers: &mut HeaderMap, also: impl Fn(&str) -> bool) {
-    let mut doomed: smallvec::SmallVec<[HeaderName; 4]> = headers
-        .keys()
-        .filter(|name| is_hop_by_hop(name.as_str()) || also(name.as_str()))
-        .cloned()
-        .collect();
+    let mut doomed: smallvec::SmallVec<[HeaderName; 4]> = smallvec::SmallVec::new();
+    for name in headers.keys() {
+        let s = name.as_str();
+        if is_hop_by_hop(s) || also(s) {
+            doomed.push(name.clone());
+        }
+    }
     if doomed.contains(&header::CONNECTION) {
         let named = headers
             .get_all(header::CONNECTION)

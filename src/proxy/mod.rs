@@ -4,6 +4,7 @@
 //! with the pipeline is the `CaptureTx::send_when_idle` made when the response tap finishes (or here, when the
 //! upstream could not be reached at all).
 
+pub mod conn;
 pub mod forward;
 pub mod limits;
 pub mod redact;
@@ -11,6 +12,7 @@ pub mod route;
 pub mod tap;
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +29,7 @@ use crate::capture::{CaptureTx, Captured, ExchangeMeta, Outcome, RawExchange, Ti
 use crate::config::{Config, ServerConfig};
 use crate::provider::detect_api;
 use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
+use conn::{Stop, Supervised};
 use forward::{Clients, strip_hop_by_hop, upstream_request_headers, upstream_uri};
 use limits::{ConnActivity, GuardedBody};
 use route::Router;
@@ -110,7 +113,6 @@ impl Proxy {
     /// Serve connections until `shutdown` fires, then let in-flight exchanges finish for up to the configured
     /// grace; connections still open after it are closed (their exchanges are captured as cut short).
     pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
-        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // hyper applies the header timeout only with a timer. For HTTP/1.1 it also runs while a kept-alive
         // connection waits for its next request, so it bounds idle HTTP/1.1 connections too.
@@ -196,23 +198,36 @@ impl Proxy {
                 }
             });
             let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-            let conn = graceful.watch(conn);
             let idle = self.server.idle_timeout;
-            let force = force_close.clone();
+            let (drain, force) = (shutdown.clone(), force_close.clone());
+            let watcher = {
+                let (activity, force) = (activity.clone(), force.clone());
+                Box::pin(async move {
+                    tokio::select! {
+                        _ = activity.idle_for(idle) => Stop::Idle,
+                        _ = drain.cancelled() => Stop::Drain,
+                        _ = force.cancelled() => Stop::Close,
+                    }
+                })
+            };
+            let draining = Box::pin(async move {
+                tokio::select! {
+                    _ = activity.idle_for(idle) => Stop::Idle,
+                    _ = force.cancelled() => Stop::Close,
+                }
+            });
+            // Draining: HTTP/1.1 finishes the request in flight and closes, HTTP/2 sends GOAWAY.
+            let supervised = Supervised::new(conn, watcher, draining, |conn: Pin<&mut _>| conn.graceful_shutdown());
             connections.spawn(async move {
                 let _slot = slot;
-                tokio::select! {
-                    ended = conn => if let Err(error) = ended {
-                        tracing::debug!(%error, "Connection ended with an error");
-                    },
-                    _ = activity.idle_for(idle) => tracing::debug!("Closing an idle connection"),
-                    _ = force.cancelled() => {}
-                }
+                supervised.await;
             });
         }
         drop(listener);
+        // Every connection saw `shutdown` and is draining; they are all done when their tasks are.
+        connections.close();
         let grace = self.server.shutdown_grace;
-        if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        if tokio::time::timeout(grace, connections.wait()).await.is_err() {
             tracing::warn!(
                 grace_secs = grace.as_secs(),
                 "In-flight exchanges did not finish within the grace period; closing their connections"
@@ -221,7 +236,6 @@ impl Proxy {
         // Dropping a connection drops its requests' handlers and bodies: their taps finish (captured as cut
         // short) and release the capture queue.
         force_close.cancel();
-        connections.close();
         let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
     }
 
@@ -250,7 +264,8 @@ impl Proxy {
     }
 
     async fn forward(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
-        let start = now_micros();
+        // Read only for a captured exchange: with capture off the clock is not read at all.
+        let start = self.capture.is_some().then(now_micros).unwrap_or_default();
         let (mut parts, body) = req.into_parts();
         if route::has_dot_segment(parts.uri.path()) {
             self.metrics.requests_unrouted.inc();
