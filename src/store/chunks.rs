@@ -23,9 +23,10 @@
 //! and deletes chunks left at zero. A trace replaced under the same id keeps its old references: the chunk then
 //! outlives its last reader (never the reverse).
 //!
-//! Blob formats in `trace_bodies.request`: a manifest starts with [`MANIFEST_MAGIC`] then a zstd frame of the
-//! entries; whole bodies (every response, small requests, rows written before this existed) are zstd or zlib
-//! frames (see `codec.rs`). `LTM1` is neither a zstd magic nor a valid zlib header (zlib's first byte has
+//! Blob formats in `trace_bodies.request`: a manifest starts with [`MANIFEST_MAGIC`] then the entries as
+//! `codec.rs` stores a body (a zstd frame, or plain when short); whole bodies (every response, small requests,
+//! rows written before this existed) are zstd frames, plain bodies or zlib streams (see `codec.rs`). `LTM1` is
+//! neither a zstd magic nor a valid zlib header (zlib's first byte has
 //! compression method 8 in its low nibble; `L` is 0x4C).
 
 use rusqlite::{Connection, OptionalExtension, Transaction};

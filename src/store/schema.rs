@@ -36,7 +36,7 @@ CREATE INDEX IF NOT EXISTS traces_session ON traces(session_id);
 CREATE INDEX IF NOT EXISTS traces_trajectory ON traces(trajectory_id);
 CREATE INDEX IF NOT EXISTS traces_started ON traces(started_us);
 
--- Bodies apart from the rows: JSON text as zstd frames (older rows: zlib; see codec.rs).
+-- Bodies apart from the rows: JSON text as zstd frames or, when short, plain (older rows: zlib; see codec.rs).
 CREATE TABLE IF NOT EXISTS trace_bodies (
     trace_id     TEXT PRIMARY KEY,
     request      BLOB,
