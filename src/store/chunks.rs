@@ -34,7 +34,7 @@ use rustc_hash::FxHashMap;
 use sha2::{Digest, Sha256};
 
 use super::StoreError;
-use super::codec::{compress, decompress};
+use super::codec::{compress, compress_frame, decompress};
 
 /// The first bytes of a manifest blob.
 pub const MANIFEST_MAGIC: [u8; 4] = *b"LTM1";
@@ -262,7 +262,7 @@ fn chunk_id(tx: &Transaction<'_>, cache: &mut ChunkCache, text: &str) -> Result<
         Some(id) => id,
         None => {
             tx.prepare_cached("INSERT INTO chunks (hash, refs, data) VALUES (?1, 0, ?2)")?
-                .execute(rusqlite::params![&hash[..], compress(text)])?;
+                .execute(rusqlite::params![&hash[..], compress_frame(text)])?;
             tx.last_insert_rowid()
         }
     };

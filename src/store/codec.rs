@@ -54,11 +54,21 @@ pub fn compress(text: &str) -> Vec<u8> {
     compress_bytes(text.as_bytes())
 }
 
+/// [`compress`] as a zstd frame whatever the size: for what is written once and read back many times (a
+/// chunk of a conversation, see `chunks.rs`), where the bytes matter more than the writer's time.
+pub fn compress_frame(text: &str) -> Vec<u8> {
+    zstd_frame(text.as_bytes())
+}
+
 /// [`compress`] for bytes that are not text (a body manifest, see `chunks.rs`).
 pub fn compress_bytes(bytes: &[u8]) -> Vec<u8> {
     if bytes.len() < PLAIN_BELOW {
         return plain(bytes);
     }
+    zstd_frame(bytes)
+}
+
+fn zstd_frame(bytes: &[u8]) -> Vec<u8> {
     COMPRESSOR.with(|c| {
         c.borrow_mut()
             .as_mut()
@@ -154,6 +164,9 @@ mod tests {
             assert!(blob.starts_with(&magic), "{} bytes", text.len());
             assert_eq!(decompress(Some(blob.clone())).as_deref(), Some(text));
             assert_eq!(super::decompress_bytes(&blob).as_deref(), Some(text.as_bytes()));
+            let frame = super::compress_frame(text);
+            assert!(frame.starts_with(&super::ZSTD_MAGIC), "{} bytes", text.len());
+            assert_eq!(decompress(Some(frame)).as_deref(), Some(text));
         }
         let blob = compress(&big);
         assert!(blob.len() < big.len() / 3, "{} of {}", blob.len(), big.len());

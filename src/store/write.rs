@@ -430,7 +430,7 @@ mod tests {
                 let output = if i == 4 {
                     text_out("done")
                 } else {
-                    calls_out(&[c.clone()])
+                    calls_out(std::slice::from_ref(&c))
                 };
                 let mut call = call(&format!("agent {a}"), messages.clone(), output);
                 call.tools = vec![ToolDef {
