@@ -323,8 +323,9 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, first: &Step, last: &Step) -> Res
         .or_else(|| chrono::DateTime::parse_from_rfc3339(&first.timestamp).ok())
         .map(|t| t.timestamp_micros())
         .unwrap_or(0);
-    // Compressed (see `codec.rs`): a step holds the tool results it observed, the largest part of what a long session stores
-    // besides the bodies (~2.5 KB of text per call in `llmtap-bench bytes`). Rows written before are text.
+    // Compressed (see `codec.rs`): a step holds the tool results it observed, the largest part of what a long
+    // session stores besides the bodies (~2.5 KB of text per call in `llmtap-bench bytes`). Rows written before
+    // are text.
     let body = compress(&json("step", last)?);
     // Most writes are a step's first (one statement); an update keeps the original seq (and so the original
     // export position) of the step.
