@@ -1,6 +1,7 @@
-//! The store's body format through the real binary: bodies are written as zstd frames (requests with
-//! repeated parts as manifests of content-addressed chunks, see `store/chunks.rs`), and a store whose bodies an
-//! earlier build wrote as zlib streams still reads back (an upgrade keeps the history readable).
+//! The store's body format through the real binary: bodies are written as zstd frames, or plain behind a magic
+//! and a CRC-32 when shorter than 1 KB (requests with repeated parts as manifests of content-addressed chunks,
+//! see `store/chunks.rs` and `store/codec.rs`), and a store whose bodies an earlier build wrote as zlib streams
+//! still reads back (an upgrade keeps the history readable).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -13,6 +14,31 @@ use serde_json::Value;
 
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 const MANIFEST_MAGIC: [u8; 4] = *b"LTM1";
+const PLAIN_MAGIC: [u8; 4] = *b"LTP1";
+/// Bodies shorter than this are stored plain (`store/codec.rs`).
+const PLAIN_BELOW: usize = 1024;
+
+/// The bytes of a body as the store keeps it: a zstd frame of at least [`PLAIN_BELOW`] bytes, or a shorter body
+/// plain, after [`PLAIN_MAGIC`] and its CRC-32.
+fn stored_bytes(id: &str, blob: &[u8]) -> Vec<u8> {
+    if blob.starts_with(&ZSTD_MAGIC) {
+        let bytes = zstd::decode_all(blob).unwrap();
+        assert!(
+            bytes.len() >= PLAIN_BELOW,
+            "{id}: {} bytes in a zstd frame",
+            bytes.len()
+        );
+        return bytes;
+    }
+    assert!(
+        blob.starts_with(&PLAIN_MAGIC),
+        "{id}: neither a zstd frame nor a plain body"
+    );
+    let (crc, bytes) = blob[4..].split_at(4);
+    assert_eq!(crc, crc32fast::hash(bytes).to_le_bytes(), "{id}: checksum");
+    assert!(bytes.len() < PLAIN_BELOW, "{id}: {} bytes plain", bytes.len());
+    bytes.to_vec()
+}
 
 fn zlib(bytes: &[u8]) -> Vec<u8> {
     let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
@@ -27,7 +53,7 @@ async fn bodies_are_zstd_and_zlib_bodies_of_earlier_builds_still_read() {
     let config = upstream_config(&up, "");
     let traces = record_calls(&config, dir.path(), &json_calls(2)).await;
 
-    // As written: zstd frames holding exactly the captured JSON text.
+    // As written: zstd frames or plain bodies holding exactly the captured JSON text.
     let db = open_store_db(dir.path());
     let rows: Vec<(String, Vec<u8>, Vec<u8>)> = db
         .prepare("SELECT trace_id, request, response FROM trace_bodies ORDER BY trace_id")
@@ -40,19 +66,16 @@ async fn bodies_are_zstd_and_zlib_bodies_of_earlier_builds_still_read() {
     for (id, request, response) in &rows {
         for blob in [request, response] {
             if blob.starts_with(&MANIFEST_MAGIC) {
-                assert!(
-                    blob[4..].starts_with(&ZSTD_MAGIC),
-                    "{id}: a manifest is a zstd frame too"
-                );
+                // A manifest's entries are kept as a body is.
+                assert!(!stored_bytes(id, &blob[4..]).is_empty(), "{id}: manifest entries");
                 continue;
             }
-            assert!(blob.starts_with(&ZSTD_MAGIC), "{id}: a zstd frame");
-            let text = zstd::decode_all(&blob[..]).unwrap();
+            let text = stored_bytes(id, blob);
             serde_json::from_slice::<Value>(&text).unwrap_or_else(|e| panic!("{id}: {e}"));
         }
     }
 
-    // Steps are zstd blobs; one rewritten as the JSON text an earlier build stored.
+    // Steps are blobs as bodies are; one rewritten as the JSON text an earlier build stored.
     let steps_before = {
         let tap = Llmtap::start(&config, dir.path());
         tap.export("steps", &[])
@@ -63,8 +86,7 @@ async fn bodies_are_zstd_and_zlib_bodies_of_earlier_builds_still_read() {
             Ok((r.get(0)?, r.get(1)?))
         })
         .unwrap();
-    assert!(step_blob.starts_with(&ZSTD_MAGIC), "a step is a zstd frame");
-    let step_text = String::from_utf8(zstd::decode_all(&step_blob[..]).unwrap()).unwrap();
+    let step_text = String::from_utf8(stored_bytes("step", &step_blob)).unwrap();
     db.execute(
         "UPDATE steps SET body = ?1 WHERE seq = ?2",
         rusqlite::params![step_text, step_seq],
@@ -76,11 +98,7 @@ async fn bodies_are_zstd_and_zlib_bodies_of_earlier_builds_still_read() {
     let request = traces.iter().find(|t| t["id"].as_str() == Some(old_id)).unwrap()["request"].to_string();
     db.execute(
         "UPDATE trace_bodies SET request = ?1, response = ?2 WHERE trace_id = ?3",
-        rusqlite::params![
-            zlib(request.as_bytes()),
-            zlib(&zstd::decode_all(&response[..]).unwrap()),
-            old_id
-        ],
+        rusqlite::params![zlib(request.as_bytes()), zlib(&stored_bytes(old_id, response)), old_id],
     )
     .unwrap();
     drop(db);

@@ -23,9 +23,10 @@
 //! and deletes chunks left at zero. A trace replaced under the same id keeps its old references: the chunk then
 //! outlives its last reader (never the reverse).
 //!
-//! Blob formats in `trace_bodies.request`: a manifest starts with [`MANIFEST_MAGIC`] then a zstd frame of the
-//! entries; whole bodies (every response, small requests, rows written before this existed) are zstd or zlib
-//! frames (see `codec.rs`). `LTM1` is neither a zstd magic nor a valid zlib header (zlib's first byte has
+//! Blob formats in `trace_bodies.request`: a manifest starts with [`MANIFEST_MAGIC`] then the entries as
+//! `codec.rs` stores a body (a zstd frame, or plain when short); whole bodies (every response, small requests,
+//! rows written before this existed) are zstd frames, plain bodies or zlib streams (see `codec.rs`). `LTM1` is
+//! neither a zstd magic nor a valid zlib header (zlib's first byte has
 //! compression method 8 in its low nibble; `L` is 0x4C).
 
 use rusqlite::{Connection, OptionalExtension, Transaction};
@@ -33,7 +34,7 @@ use rustc_hash::FxHashMap;
 use sha2::{Digest, Sha256};
 
 use super::StoreError;
-use super::codec::{compress, decompress};
+use super::codec::{compress, compress_frame, decompress};
 
 /// The first bytes of a manifest blob.
 pub const MANIFEST_MAGIC: [u8; 4] = *b"LTM1";
@@ -261,7 +262,7 @@ fn chunk_id(tx: &Transaction<'_>, cache: &mut ChunkCache, text: &str) -> Result<
         Some(id) => id,
         None => {
             tx.prepare_cached("INSERT INTO chunks (hash, refs, data) VALUES (?1, 0, ?2)")?
-                .execute(rusqlite::params![&hash[..], compress(text)])?;
+                .execute(rusqlite::params![&hash[..], compress_frame(text)])?;
             tx.last_insert_rowid()
         }
     };

@@ -1,6 +1,7 @@
 //! How bodies are kept in the store: zstd (level [`LEVEL`]), one compression and one decompression context
-//! per thread. Rows written before zstd hold zlib streams; they are still read (a zstd frame's magic number is
-//! never a valid zlib header, so the first bytes tell which codec wrote a blob).
+//! per thread; bodies below [`PLAIN_BELOW`] bytes as they are, behind [`PLAIN_MAGIC`] and a CRC-32. Rows
+//! written before zstd hold zlib streams; they are still read (neither magic number is a valid zlib header, so
+//! the first bytes tell which codec wrote a blob).
 //!
 //! Why zstd and not zlib: the store thread used to spend ~68% of its instructions resetting its deflate state
 //! (miniz zeroes its hash tables on every reset, hundreds of kilobytes per body, however small the body), and on
@@ -17,6 +18,16 @@ const LEVEL: i32 = 1;
 
 /// The first four bytes of every zstd frame (RFC 8878 §3.1.1, little-endian 0xFD2FB528).
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
+/// Bodies shorter than this are stored plain. A zstd frame costs the store thread a fixed setup (its match
+/// and entropy tables) whatever the input's size; below this size that setup was most of the store thread's
+/// compression time and the bytes saved were few (`llmtap-bench store-rate` and `bytes`, docs/performance.md,
+/// "Store writer CPU per exchange").
+const PLAIN_BELOW: usize = 1024;
+
+/// The first four bytes of a plain body; then the CRC-32 of the bytes (little-endian), then the bytes. `L`
+/// (0x4C) is no zlib header (compression method 8 in the low nibble) and no zstd magic.
+const PLAIN_MAGIC: [u8; 4] = *b"LTP1";
 
 /// A declared content size above this is not trusted for a single up-front allocation; such a frame is
 /// decoded as a stream instead (it grows its output only as real data arrives).
@@ -43,8 +54,21 @@ pub fn compress(text: &str) -> Vec<u8> {
     compress_bytes(text.as_bytes())
 }
 
+/// [`compress`] as a zstd frame whatever the size: for what is written once and read back many times (a
+/// chunk of a conversation, see `chunks.rs`), where the bytes matter more than the writer's time.
+pub fn compress_frame(text: &str) -> Vec<u8> {
+    zstd_frame(text.as_bytes())
+}
+
 /// [`compress`] for bytes that are not text (a body manifest, see `chunks.rs`).
 pub fn compress_bytes(bytes: &[u8]) -> Vec<u8> {
+    if bytes.len() < PLAIN_BELOW {
+        return plain(bytes);
+    }
+    zstd_frame(bytes)
+}
+
+fn zstd_frame(bytes: &[u8]) -> Vec<u8> {
     COMPRESSOR.with(|c| {
         c.borrow_mut()
             .as_mut()
@@ -53,12 +77,27 @@ pub fn compress_bytes(bytes: &[u8]) -> Vec<u8> {
     })
 }
 
-/// A zstd frame written by [`compress_bytes`]; None if it is not one or is damaged.
+/// The checksum guards plain bodies as zstd's guards frames: a damaged one reads back as unreadable.
+fn plain(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PLAIN_MAGIC.len() + 4 + bytes.len());
+    out.extend_from_slice(&PLAIN_MAGIC);
+    out.extend_from_slice(&crc32fast::hash(bytes).to_le_bytes());
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// A blob written by [`plain`]; None if it is not one or is damaged.
+fn unplain(blob: &[u8]) -> Option<Vec<u8>> {
+    let (crc, bytes) = blob.strip_prefix(&PLAIN_MAGIC)?.split_at_checked(4)?;
+    (crc == crc32fast::hash(bytes).to_le_bytes()).then(|| bytes.to_vec())
+}
+
+/// A blob written by [`compress_bytes`]; None if it is not one or is damaged.
 pub fn decompress_bytes(blob: &[u8]) -> Option<Vec<u8>> {
     if blob.starts_with(&ZSTD_MAGIC) {
         unzstd(blob)
     } else {
-        None
+        unplain(blob)
     }
 }
 
@@ -68,6 +107,8 @@ pub fn decompress(blob: Option<Vec<u8>>) -> Option<String> {
     let blob = blob?;
     let bytes = if blob.starts_with(&ZSTD_MAGIC) {
         unzstd(&blob)?
+    } else if blob.starts_with(&PLAIN_MAGIC) {
+        unplain(&blob)?
     } else {
         inflate(&blob)?
     };
@@ -111,13 +152,21 @@ mod tests {
         let big: String = (0..200_000)
             .map(|i| format!("line {i} {}\n", i * 7919 % 1000))
             .collect();
-        for text in ["", "{}", "{\"a\":\"é ✓\"}", big.as_str(), "{}"] {
+        let small = "x".repeat(super::PLAIN_BELOW - 1);
+        let just_big = "x".repeat(super::PLAIN_BELOW);
+        for text in ["", "{}", "{\"a\":\"é ✓\"}", &small, &just_big, big.as_str(), "{}"] {
             let blob = compress(text);
-            assert!(
-                blob.starts_with(&super::ZSTD_MAGIC),
-                "a zstd frame has a header even for empty input"
-            );
-            assert_eq!(decompress(Some(blob)).as_deref(), Some(text));
+            let magic = if text.len() < super::PLAIN_BELOW {
+                super::PLAIN_MAGIC
+            } else {
+                super::ZSTD_MAGIC
+            };
+            assert!(blob.starts_with(&magic), "{} bytes", text.len());
+            assert_eq!(decompress(Some(blob.clone())).as_deref(), Some(text));
+            assert_eq!(super::decompress_bytes(&blob).as_deref(), Some(text.as_bytes()));
+            let frame = super::compress_frame(text);
+            assert!(frame.starts_with(&super::ZSTD_MAGIC), "{} bytes", text.len());
+            assert_eq!(decompress(Some(frame)).as_deref(), Some(text));
         }
         let blob = compress(&big);
         assert!(blob.len() < big.len() / 3, "{} of {}", blob.len(), big.len());
@@ -135,6 +184,14 @@ mod tests {
             );
         }
         assert_eq!(decompress(Some(compress("ok"))).as_deref(), Some("ok"));
+        // A plain body: damaged or cut, it is unreadable too.
+        let blob = compress("{\"a\":\"é ✓\"}");
+        for at in 0..blob.len() {
+            let mut corrupt = blob.clone();
+            corrupt[at] ^= 0x5a;
+            assert_eq!(decompress(Some(corrupt)), None, "plain byte {at} damaged");
+        }
+        assert_eq!(decompress(Some(blob[..blob.len() - 1].to_vec())), None);
     }
 
     /// Stores written before zstd hold zlib streams; they still read back, cut ones as unreadable.

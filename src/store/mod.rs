@@ -7,6 +7,7 @@
 
 mod browse;
 pub mod chunks;
+mod coalesce;
 pub mod codec;
 mod private;
 mod read;

@@ -401,7 +401,8 @@ fn register_step_text(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// A step's stored JSON: a zstd frame (see `write::upsert_step`), or text in rows written before.
+/// A step's stored JSON: a blob as `codec.rs` stores bodies (see `write::upsert_step`), or text in rows written
+/// before.
 pub(super) fn step_text(id: &str, stored: SqlValue) -> Result<String, StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt {
         id: id.to_owned(),

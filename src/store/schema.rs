@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 7;
+pub const VERSION: i64 = 8;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -36,7 +36,7 @@ CREATE INDEX IF NOT EXISTS traces_session ON traces(session_id);
 CREATE INDEX IF NOT EXISTS traces_trajectory ON traces(trajectory_id);
 CREATE INDEX IF NOT EXISTS traces_started ON traces(started_us);
 
--- Bodies apart from the rows: JSON text as zstd frames (older rows: zlib; see codec.rs).
+-- Bodies apart from the rows: JSON text as zstd frames or, when short, plain (older rows: zlib; see codec.rs).
 CREATE TABLE IF NOT EXISTS trace_bodies (
     trace_id     TEXT PRIMARY KEY,
     request      BLOB,
@@ -151,6 +151,10 @@ CREATE INDEX IF NOT EXISTS trajectories_session_start
     ON trajectories(COALESCE(session_id, trajectory_id), started_us);
 CREATE INDEX IF NOT EXISTS trajectories_started ON trajectories(started_us);
 "#;
+
+// v8: no table changes. Bodies and steps shorter than `codec::PLAIN_BELOW` may be stored plain behind
+// `codec`'s magic and CRC-32 instead of a zstd frame; the version says so, so that an llmtap from before refuses
+// the store (`FutureSchema`) instead of reading those bodies as damaged.
 
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;

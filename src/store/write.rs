@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, params};
 
 use super::chunks::{ChunkCache, store_request};
+use super::coalesce::{Slot, plan};
 use super::codec::compress;
 use super::{Record, StoreError};
 use crate::config::StoreConfig;
@@ -192,11 +193,23 @@ fn tune_writer(conn: &Connection) -> Result<(), StoreError> {
 pub(crate) fn write_batch(conn: &mut Connection, batch: &[Record], chunks: &mut ChunkCache) -> Result<(), StoreError> {
     let result = (|| {
         let tx = conn.transaction()?;
-        for record in batch {
-            match record {
-                Record::Trace(t) => insert_trace(&tx, t, chunks)?,
-                Record::Step(s) => upsert_step(&tx, s)?,
-                Record::Trajectory(t) => upsert_trajectory(&tx, t)?,
+        for (record, slot) in batch.iter().zip(plan(batch)) {
+            match (record, slot) {
+                (Record::Trace(t), _) => insert_trace(&tx, t, chunks)?,
+                (Record::Step(s), Slot::StepFirst { last }) => {
+                    let last = step_at(batch, last).unwrap_or(s);
+                    let inserted = upsert_step(&tx, s, last)?;
+                    log_step(&tx, s, inserted)?;
+                }
+                // A later version: the row exists by then, as its first version wrote it.
+                (Record::Step(s), _) => log_step(&tx, s, false)?,
+                (Record::Trajectory(t), Slot::TrajectoryFirst { last, prompts, tools }) => {
+                    let at = |i: Option<usize>| i.and_then(|i| trajectory_at(batch, i));
+                    let last = at(Some(last)).unwrap_or(t);
+                    upsert_trajectory(&tx, t, last, at(prompts), at(tools))?;
+                    log_trajectory(&tx, t)?;
+                }
+                (Record::Trajectory(t), _) => log_trajectory(&tx, t)?,
             }
         }
         chunks.flush_refs(&tx)?;
@@ -286,17 +299,34 @@ fn log_export(tx: &rusqlite::Transaction<'_>, kind: ExportKind, reference: &str)
     Ok(())
 }
 
-fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreError> {
-    let started_us = s
+fn step_at(batch: &[Record], i: usize) -> Option<&Step> {
+    match batch.get(i) {
+        Some(Record::Step(s)) => Some(s),
+        _ => None,
+    }
+}
+
+fn trajectory_at(batch: &[Record], i: usize) -> Option<&TrajectorySummary> {
+    match batch.get(i) {
+        Some(Record::Trajectory(t)) => Some(t),
+        _ => None,
+    }
+}
+
+/// Writes the step's row as versions `first` to `last` of the batch leave it (see `coalesce.rs`): the columns
+/// an update keeps from `first`, the body and trace id from `last`. True if the row is new.
+fn upsert_step(tx: &rusqlite::Transaction<'_>, first: &Step, last: &Step) -> Result<bool, StoreError> {
+    let started_us = first
         .timings
         .as_ref()
         .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t.started_at).ok())
-        .or_else(|| chrono::DateTime::parse_from_rfc3339(&s.timestamp).ok())
+        .or_else(|| chrono::DateTime::parse_from_rfc3339(&first.timestamp).ok())
         .map(|t| t.timestamp_micros())
         .unwrap_or(0);
-    // Compressed: a step holds the tool results it observed, the largest part of what a long session stores
-    // besides the bodies (~2.5 KB of text per call in `llmtap-bench bytes`). Rows written before are text.
-    let body = compress(&json("step", s)?);
+    // Compressed (see `codec.rs`): a step holds the tool results it observed, the largest part of what a long
+    // session stores besides the bodies (~2.5 KB of text per call in `llmtap-bench bytes`). Rows written before
+    // are text.
+    let body = compress(&json("step", last)?);
     // Most writes are a step's first (one statement); an update keeps the original seq (and so the original
     // export position) of the step.
     let inserted = tx
@@ -305,20 +335,25 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreErro
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?
         .execute(params![
-            s.step_id,
-            s.trajectory_id,
-            s.session_id,
-            s.step_index,
-            s.role.as_str(),
-            s.provider_trace_id,
+            first.step_id,
+            first.trajectory_id,
+            first.session_id,
+            first.step_index,
+            first.role.as_str(),
+            last.provider_trace_id,
             started_us,
             body
         ])?
         == 1;
     if !inserted {
         tx.prepare_cached("UPDATE steps SET body = ?2, trace_id = ?3 WHERE step_id = ?1")?
-            .execute(params![s.step_id, body, s.provider_trace_id])?;
+            .execute(params![first.step_id, body, last.provider_trace_id])?;
     }
+    Ok(inserted)
+}
+
+/// The export-log entry of one version of a step: `inserted` if this version's write created the row.
+fn log_step(tx: &rusqlite::Transaction<'_>, s: &Step, inserted: bool) -> Result<(), StoreError> {
     // An agent step's first write is when its call's span can be built (trace row and step both present).
     if inserted && let (crate::model::step::StepRole::Agent, Some(trace_id)) = (s.role, &s.provider_trace_id) {
         log_export(tx, ExportKind::Chat, trace_id)?;
@@ -329,28 +364,169 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, s: &Step) -> Result<(), StoreErro
     Ok(())
 }
 
-fn upsert_trajectory(tx: &rusqlite::Transaction<'_>, t: &TrajectorySummary) -> Result<(), StoreError> {
+/// Writes the trajectory's row as versions `first` to `last` of the batch leave it (see `coalesce.rs`): its start
+/// from `first` (an update keeps it), the rest from `last`, the system prompts and tool definitions from the last
+/// versions that carry them (`None`: kept as they are).
+fn upsert_trajectory(
+    tx: &rusqlite::Transaction<'_>,
+    first: &TrajectorySummary,
+    last: &TrajectorySummary,
+    prompts: Option<&TrajectorySummary>,
+    tools: Option<&TrajectorySummary>,
+) -> Result<(), StoreError> {
     let us = |s: &str| {
         chrono::DateTime::parse_from_rfc3339(s)
             .map(|t| t.timestamp_micros())
             .unwrap_or(0)
     };
-    let prompts = (!t.system_prompts.is_empty())
-        .then(|| json("system prompts", &t.system_prompts))
+    let prompts = prompts
+        .filter(|t| !t.system_prompts.is_empty())
+        .map(|t| json("system prompts", &t.system_prompts))
         .transpose()?;
-    let tools = (!t.tool_definitions.is_empty())
-        .then(|| json("tool definitions", &t.tool_definitions))
+    let tools = tools
+        .filter(|t| !t.tool_definitions.is_empty())
+        .map(|t| json("tool definitions", &t.tool_definitions))
         .transpose()?;
-    let body = json("trajectory", &t.without_heavy_parts())?;
+    let body = json("trajectory", &last.without_heavy_parts())?;
     tx.prepare_cached("INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body, system_prompts, tool_definitions)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT(trajectory_id) DO UPDATE SET session_id = excluded.session_id, ended_us = excluded.ended_us,
              body = excluded.body,
              system_prompts = COALESCE(excluded.system_prompts, trajectories.system_prompts),
-             tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)")?.execute(params![t.trajectory_id, t.session_id, us(&t.started_at), us(&t.ended_at), body, prompts, tools],
+             tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)")?.execute(params![first.trajectory_id, last.session_id, us(&first.started_at), us(&last.ended_at), body, prompts, tools],
     )?;
+    Ok(())
+}
+
+/// The export-log entry of one version of a trajectory.
+fn log_trajectory(tx: &rusqlite::Transaction<'_>, t: &TrajectorySummary) -> Result<(), StoreError> {
     if t.closed {
         log_export(tx, ExportKind::Agent, &t.trajectory_id)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::Connection;
+    use serde_json::json;
+
+    use super::write_batch;
+    use crate::derive::testkit::{Harness, call, calls, calls_out, result, text_out, tool_call, trace, user};
+    use crate::model::call::ToolDef;
+    use crate::model::exchange::Api;
+    use crate::model::record::Record;
+    use crate::store::chunks::ChunkCache;
+
+    /// Two agents' sessions interleaved, as the pipeline sends them: each call's trace, steps (the previous agent
+    /// step again once its tool results arrive) and trajectory summary; then every trajectory closed.
+    fn sessions() -> Vec<Record> {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let mut records = Vec::new();
+        let mut conversations = [vec![user("fix the bug")], vec![user("write the docs")]];
+        for i in 0..5 {
+            for (a, messages) in conversations.iter_mut().enumerate() {
+                let id = format!("c{a}-{i}");
+                let c = tool_call(&id, "read", json!({ "path": i }));
+                let output = if i == 4 {
+                    text_out("done")
+                } else {
+                    calls_out(std::slice::from_ref(&c))
+                };
+                let mut call = call(&format!("agent {a}"), messages.clone(), output);
+                call.tools = vec![ToolDef {
+                    name: "read".into(),
+                    description: None,
+                    parameters: None,
+                }];
+                let t = trace(h.api, h.now, h.now + 1_000_000);
+                h.now += 1_000_000;
+                records.extend(h.deriver.observe(t, Some(call)));
+                messages.push(calls(&[c]));
+                messages.push(result(&id, &format!("contents of file {i}")));
+            }
+        }
+        records.extend(h.deriver.close_all());
+        records
+    }
+
+    /// The rows and export log a store holds, in `seq` order, as text.
+    fn contents(conn: &Connection) -> Vec<String> {
+        let mut out = Vec::new();
+        for sql in [
+            "SELECT step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, \
+             CAST(body AS BLOB) FROM steps ORDER BY seq",
+            "SELECT trajectory_id, session_id, started_us, ended_us, body, system_prompts, tool_definitions \
+             FROM trajectories ORDER BY trajectory_id",
+            "SELECT kind, ref, NULL, NULL, NULL, NULL, NULL FROM export_log ORDER BY seq",
+            "SELECT id, trajectory_id, session_id, NULL, NULL, NULL, NULL FROM traces ORDER BY seq",
+        ] {
+            let mut stmt = conn.prepare(sql).unwrap_or_else(|e| panic!("{e}"));
+            let n = stmt.column_count();
+            let rows = stmt
+                .query_map([], |r| {
+                    (0..n)
+                        .map(|i| r.get::<_, rusqlite::types::Value>(i).map(|v| format!("{v:?}")))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+            for row in rows {
+                out.push(row.unwrap_or_else(|e| panic!("{e}")).join(" | "));
+            }
+        }
+        out
+    }
+
+    fn store_of(batches: &[&[Record]]) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = crate::store::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let mut chunks = ChunkCache::default();
+        for batch in batches {
+            write_batch(&mut conn, batch, &mut chunks).unwrap_or_else(|e| panic!("{e}"));
+        }
+        contents(&conn)
+    }
+
+    #[test]
+    fn a_coalesced_batch_leaves_the_rows_and_export_log_of_one_record_at_a_time() {
+        let mut records = sessions();
+        // Versions the deriver does not send but the writer must still get right: a trajectory closed, then
+        // updated again without its prompts and tools (the carried ones stay; the close is still logged).
+        let Some(Record::Trajectory(last)) = records.iter().rev().find(|r| matches!(r, Record::Trajectory(_))) else {
+            panic!("no trajectory")
+        };
+        let mut closed = last.clone();
+        closed.closed = true;
+        closed.system_prompts.insert("h".into(), "another prompt".into());
+        let mut reopened = closed.clone();
+        reopened.closed = false;
+        reopened.system_prompts.clear();
+        reopened.tool_definitions.clear();
+        reopened.ended_at = "2030-01-01T00:00:00Z".into();
+        records.push(Record::Trajectory(closed));
+        records.push(Record::Trajectory(reopened));
+
+        let steps = records.iter().filter(|r| matches!(r, Record::Step(_))).count();
+        let trajectories = records.iter().filter(|r| matches!(r, Record::Trajectory(_))).count();
+        let one_at_a_time: Vec<&[Record]> = records.chunks(1).collect();
+        let expected = store_of(&one_at_a_time);
+        assert!(
+            expected.len() < records.len() + 4,
+            "the sessions rewrite steps and trajectories: {} rows and entries from {} records ({steps} steps, \
+             {trajectories} trajectories)",
+            expected.len(),
+            records.len()
+        );
+        assert!(
+            expected.iter().any(|r| r.starts_with("Text(\"tools\")")),
+            "{expected:#?}"
+        );
+        assert!(expected.iter().any(|r| r.contains("another prompt")), "{expected:#?}");
+        assert_eq!(store_of(&[&records]), expected, "one batch");
+        // Batches that split a step's or a trajectory's versions between them.
+        for size in [2, 3, 7] {
+            let batches: Vec<&[Record]> = records.chunks(size).collect();
+            assert_eq!(store_of(&batches), expected, "batches of {size}");
+        }
+    }
 }
