@@ -31,33 +31,54 @@ pub struct TraceFilter {
 }
 
 impl TraceFilter {
-    /// SQL condition over columns `session_id`, `trajectory_id`, `started_us`, with its parameters.
-    fn condition(&self) -> (String, Vec<SqlValue>) {
-        self.condition_on("session_id")
+    /// SQL condition over the `traces` or `steps` row named `row` (its alias), with its parameters.
+    ///
+    /// A session is the trajectories with that session key (`trajectories_session_start`), then their rows by
+    /// trajectory (`traces_trajectory`, `steps_trajectory`); the id of one trajectory also matches its rows.
+    /// A trace or step carries its trajectory's session id, so this is the set their own `session_id` column
+    /// named, without a session index on the two tables every exchange writes to. `untracked`: the table has
+    /// rows without a trajectory (a trace of a call no adapter read), which carry only the session header and
+    /// are matched by it (found through the trajectory index's NULL entries). Every step has a trajectory, and
+    /// SQLite plans that arm on a NOT NULL column as a scan.
+    fn condition(&self, row: &str, untracked: bool) -> (String, Vec<SqlValue>) {
+        let untracked = if untracked {
+            format!(" OR ({row}.trajectory_id IS NULL AND {row}.session_id = ?1)")
+        } else {
+            String::new()
+        };
+        let session = format!(
+            "({row}.trajectory_id IN (SELECT k.trajectory_id FROM trajectories k
+                 WHERE COALESCE(k.session_id, k.trajectory_id) = ?1)
+             OR {row}.trajectory_id = ?1{untracked})"
+        );
+        self.condition_on(&session, &format!("{row}.started_us"))
     }
 
     /// The same condition on the `trajectories` table. There the session is asked for by its key, which
     /// matches the same rows (a row whose key is `s` has session id `s`, or none and trajectory id `s`) and
     /// has an index (`trajectories_session_start`); `session_id` alone has none.
     fn trajectory_condition(&self) -> (String, Vec<SqlValue>) {
-        self.condition_on("COALESCE(session_id, trajectory_id)")
+        self.condition_on(
+            "(COALESCE(session_id, trajectory_id) = ?1 OR trajectory_id = ?1)",
+            "started_us",
+        )
     }
 
-    fn condition_on(&self, session: &str) -> (String, Vec<SqlValue>) {
-        let mut cond = vec!["1=1".to_owned()];
-        let mut params = Vec::new();
-        if let Some(s) = &self.session {
-            cond.push(format!("({session} = ? OR trajectory_id = ?)"));
-            params.push(SqlValue::Text(s.clone()));
-            params.push(SqlValue::Text(s.clone()));
-        }
+    /// `session`: the session clause, with the session as `?1`; `started`: the start column.
+    fn condition_on(&self, session: &str, started: &str) -> (String, Vec<SqlValue>) {
+        // ?1 is always in the text and bound (to NULL without a session filter): the session clause names it
+        // several times, and the parameters after it are numbered from ?2 whatever the filter holds.
+        let (mut cond, mut params) = match &self.session {
+            Some(s) => (vec![session.to_owned()], vec![SqlValue::Text(s.clone())]),
+            None => (vec!["?1 IS NULL".to_owned()], vec![SqlValue::Null]),
+        };
         if let Some(t) = self.since_us {
-            cond.push("started_us >= ?".into());
             params.push(SqlValue::Integer(t));
+            cond.push(format!("{started} >= ?{}", params.len()));
         }
         if let Some(t) = self.until_us {
-            cond.push("started_us <= ?".into());
             params.push(SqlValue::Integer(t));
+            cond.push(format!("{started} <= ?{}", params.len()));
         }
         (cond.join(" AND "), params)
     }
@@ -100,7 +121,7 @@ impl StoreReader {
         filter: &TraceFilter,
         mut f: impl FnMut(ProviderTrace) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let (cond, params) = filter.condition();
+        let (cond, params) = filter.condition("t", true);
         // `traces_started` is ordered by (started_us, rowid = seq): a page is an index range, not a sort.
         let sql = format!(
             "{TRACE_SELECT} WHERE {cond} AND (t.started_us, t.seq) > (?, ?) ORDER BY t.started_us, t.seq LIMIT ?"
@@ -185,15 +206,12 @@ impl StoreReader {
         after: &StepKey,
         want: u64,
     ) -> Result<Vec<(StepKey, String, String)>, StoreError> {
-        let (cond, mut params) = filter.condition();
+        let (cond, mut params) = filter.condition("s", false);
         let sql = format!(
             "SELECT COALESCE(tr.started_us, s.started_us) AS k, s.trajectory_id, s.step_index, s.seq FROM steps s
              LEFT JOIN trajectories tr ON tr.trajectory_id = s.trajectory_id
-             WHERE {} AND (COALESCE(tr.started_us, s.started_us), s.trajectory_id, s.step_index, s.seq) > (?, ?, ?, ?)
-             ORDER BY k, s.trajectory_id, s.step_index, s.seq LIMIT ?",
-            cond.replace("session_id", "s.session_id")
-                .replace("trajectory_id", "s.trajectory_id")
-                .replace("started_us", "s.started_us"),
+             WHERE {cond} AND (COALESCE(tr.started_us, s.started_us), s.trajectory_id, s.step_index, s.seq) > (?, ?, ?, ?)
+             ORDER BY k, s.trajectory_id, s.step_index, s.seq LIMIT ?"
         );
         params.extend([
             SqlValue::Integer(after.started_us),
@@ -660,6 +678,149 @@ mod tests {
     use rusqlite::StatementStatus;
 
     use super::*;
+
+    /// Three conversations, the first two put in session "S", and a call no adapter read (no trajectory) that
+    /// carries only the session header "S": the rows of each kind, written by the real writer.
+    fn sessions_store() -> (tempfile::TempDir, StoreReader, Vec<String>) {
+        use crate::derive::testkit::{Harness, call, text_out, trace, user};
+        use crate::model::record::Record;
+        let mut h = Harness::new(Api::OpenAiChat);
+        let mut records = Vec::new();
+        let mut trajectories = Vec::new();
+        for (i, session) in [Some("S"), Some("S"), None].into_iter().enumerate() {
+            let t = trace(h.api, h.now, h.now + 1_000);
+            h.now += 1_000_000;
+            let mut out = h
+                .deriver
+                .observe(t, Some(call("agent", vec![user(&format!("task {i}"))], text_out("ok"))));
+            for r in &mut out {
+                match r {
+                    Record::Trace(t) => {
+                        trajectories.extend(t.trajectory_id.clone());
+                        if session.is_some() {
+                            t.session_id = session.map(str::to_owned);
+                        }
+                    }
+                    Record::Step(st) if session.is_some() => st.session_id = session.map(str::to_owned),
+                    Record::Trajectory(tr) if session.is_some() => tr.session_id = session.map(str::to_owned),
+                    _ => {}
+                }
+            }
+            records.extend(out);
+        }
+        let mut unread = trace(h.api, h.now, h.now + 1_000);
+        unread.meta.session = Some("S".into());
+        records.extend(h.deriver.observe(unread, None));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = super::super::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        super::super::write::write_batch(&mut conn, &records, &mut super::super::chunks::ChunkCache::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let reader = StoreReader::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        (dir, reader, trajectories)
+    }
+
+    /// The ids a filter should return, from each table's own `session_id` and `trajectory_id` columns.
+    fn expected(reader: &StoreReader, table: &str, id: &str, filter: &TraceFilter) -> Vec<String> {
+        let sql = format!(
+            "SELECT {id} FROM {table} WHERE (?1 IS NULL OR session_id = ?1 OR trajectory_id = ?1)
+             AND started_us >= ?2 AND started_us <= ?3 ORDER BY {id}"
+        );
+        let mut stmt = reader.conn.prepare(&sql).unwrap_or_else(|e| panic!("{e}"));
+        let session = filter.session.clone().map_or(SqlValue::Null, SqlValue::Text);
+        let (since, until) = (filter.since_us.unwrap_or(i64::MIN), filter.until_us.unwrap_or(i64::MAX));
+        stmt.query_map(
+            params_from_iter([session, SqlValue::Integer(since), SqlValue::Integer(until)]),
+            |r| r.get(0),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_session_filter_finds_the_rows_its_session_column_names_without_a_session_index() {
+        let (_dir, reader, trajectories) = sessions_store();
+        let started: Vec<i64> = reader
+            .traces(&TraceFilter::default())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .iter()
+            .map(|t| t.timings.start)
+            .collect();
+        assert_eq!(started.len(), 4);
+        let filters = [
+            TraceFilter::default(),
+            TraceFilter {
+                session: Some("S".into()),
+                ..TraceFilter::default()
+            },
+            TraceFilter {
+                session: Some(trajectories[2].clone()),
+                ..TraceFilter::default()
+            },
+            TraceFilter {
+                session: Some(trajectories[0].clone()),
+                ..TraceFilter::default()
+            },
+            TraceFilter {
+                session: Some("S".into()),
+                since_us: Some(started[1]),
+                ..TraceFilter::default()
+            },
+            TraceFilter {
+                session: Some("S".into()),
+                until_us: Some(started[0]),
+                ..TraceFilter::default()
+            },
+            TraceFilter {
+                since_us: Some(started[1]),
+                until_us: Some(started[2]),
+                ..TraceFilter::default()
+            },
+            TraceFilter {
+                session: Some("nobody".into()),
+                ..TraceFilter::default()
+            },
+        ];
+        let mut seen_s = 0;
+        for filter in &filters {
+            let mut traces: Vec<String> = reader
+                .traces(filter)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .into_iter()
+                .map(|t| t.id)
+                .collect();
+            traces.sort();
+            assert_eq!(traces, expected(&reader, "traces", "id", filter), "{filter:?}");
+            let mut steps: Vec<String> = reader
+                .steps(filter)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .into_iter()
+                .map(|s| s.step_id)
+                .collect();
+            steps.sort();
+            assert_eq!(steps, expected(&reader, "steps", "step_id", filter), "{filter:?}");
+            if filter.session.as_deref() == Some("S") && filter.since_us.is_none() && filter.until_us.is_none() {
+                // Two conversations and the unread call.
+                assert_eq!(traces.len(), 3);
+                seen_s += 1;
+            }
+        }
+        assert_eq!(seen_s, 1);
+        // A session's rows come by index: no scan of either table.
+        for (table, alias, untracked) in [("traces", "t", true), ("steps", "s", false)] {
+            let (cond, params) = filters[1].condition(alias, untracked);
+            let sql = format!("EXPLAIN QUERY PLAN SELECT {alias}.seq FROM {table} {alias} WHERE {cond}");
+            let mut stmt = reader.conn.prepare(&sql).unwrap_or_else(|e| panic!("{e}"));
+            let plan: Vec<String> = stmt
+                .query_map(params_from_iter(params), |r| r.get(3))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .collect::<Result<_, _>>()
+                .unwrap_or_else(|e| panic!("{e}"));
+            let plan = plan.join("\n");
+            assert!(!plan.contains(&format!("SCAN {alias}")), "{plan}");
+            assert!(plan.contains("trajectories_session_start"), "{plan}");
+        }
+    }
 
     /// Lookups by id keep their prepared statement from one id to the next (see `store::stable_plans`): without
     /// it, each new bound value made SQLite parse and plan the query again.

@@ -152,9 +152,16 @@ CREATE INDEX IF NOT EXISTS trajectories_session_start
 CREATE INDEX IF NOT EXISTS trajectories_started ON trajectories(started_us);
 "#;
 
-// v8: no table changes. Bodies and steps shorter than `codec::PLAIN_BELOW` may be stored plain behind
-// `codec`'s magic and CRC-32 instead of a zstd frame; the version says so, so that an llmtap from before refuses
-// the store (`FutureSchema`) instead of reading those bodies as damaged.
+/// v8: bodies and steps shorter than `codec::PLAIN_BELOW` may be stored plain behind `codec`'s magic and CRC-32
+/// instead of a zstd frame (the version says so: an llmtap from before refuses the store, `FutureSchema`,
+/// instead of reading those bodies as damaged). And `traces` and `steps` lose their session indexes: a session's
+/// rows are found through its trajectories (`TraceFilter::condition`). They were two of the entries on random
+/// pages that every exchange wrote (session ids are hashes or client UUIDs); without them the writer spent ~13%
+/// less CPU per exchange (`llmtap-bench store-rate`, see docs/performance.md).
+const V8: &str = r#"
+DROP INDEX IF EXISTS traces_session;
+DROP INDEX IF EXISTS steps_session;
+"#;
 
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
@@ -186,6 +193,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 7 {
         conn.execute_batch(V7)?;
+    }
+    if version < 8 {
+        conn.execute_batch(V8)?;
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;
