@@ -166,16 +166,45 @@ async fn fill_the_spill(tap: &Llmtap, f: &Fixture) -> usize {
     panic!("the pipeline kept up with every burst: nothing waited in the spill");
 }
 
+/// llmtap with a four-exchange pipeline handoff, its spill holding a backlog.
+struct Backlog {
+    _up: Upstream,
+    dir: tempfile::TempDir,
+    config: String,
+    tap: Llmtap,
+    /// Requests the clients got an answer for.
+    answered: usize,
+}
+
+impl Backlog {
+    async fn fill() -> Backlog {
+        let up = Upstream::start(ReplayOptions::default()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let config = upstream_config(&up, "[capture]\nqueue_capacity = 4\n");
+        let tap = Llmtap::start(&config, dir.path());
+        let f = json_calls(1).remove(0);
+        let answered = fill_the_spill(&tap, &f).await;
+        Backlog {
+            _up: up,
+            dir,
+            config,
+            tap,
+            answered,
+        }
+    }
+}
+
 /// (c) Stopped (SIGTERM) while the spill holds a backlog: stopping does not wait for the backlog, and the
 /// next start stores every exchange the clients got an answer for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_left_at_stop_is_stored_after_the_restart() {
-    let up = Upstream::start(ReplayOptions::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = upstream_config(&up, "[capture]\nqueue_capacity = 4\n");
-    let mut tap = Llmtap::start(&config, dir.path());
-    let f = json_calls(1).remove(0);
-    let answered = fill_the_spill(&tap, &f).await;
+    let Backlog {
+        _up,
+        dir,
+        config,
+        mut tap,
+        answered,
+    } = Backlog::fill().await;
     assert!(tap.terminate().success());
     assert!(spill_files(dir.path()) > 0, "the backlog is on disk");
     let before = traces_in_db(dir.path());
@@ -197,12 +226,13 @@ async fn a_backlog_left_at_stop_is_stored_after_the_restart() {
 /// four-exchange handoff, the pipeline's pass (64) and the store's uncommitted batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_9_keeps_the_spilled_backlog() {
-    let up = Upstream::start(ReplayOptions::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = upstream_config(&up, "[capture]\nqueue_capacity = 4\n");
-    let mut tap = Llmtap::start(&config, dir.path());
-    let f = json_calls(1).remove(0);
-    let answered = fill_the_spill(&tap, &f).await;
+    let Backlog {
+        _up,
+        dir,
+        config,
+        mut tap,
+        answered,
+    } = Backlog::fill().await;
     tap.kill9();
     let committed = traces_in_db(dir.path());
     assert!(spill_files(dir.path()) > 0, "the backlog is on disk");

@@ -277,26 +277,12 @@ pub fn lossless(smoke: bool) {
             }
             best = Some(rate);
         }
-        match best {
-            Some(r) => println!(
-                "  lossless capture rate: {} exchanges/s ({secs} s bursts; with the spill)",
-                fmt_rate(r as f64)
-            ),
-            None => println!(
-                "  lossless capture rate: below {} exchanges/s",
-                fmt_rate(rates[0] as f64)
-            ),
-        }
-        match best_unspilled {
-            Some(r) => println!(
-                "  steady rate (highest without spilling): {} exchanges/s",
-                fmt_rate(r as f64)
-            ),
-            None => println!(
-                "  steady rate (highest without spilling): below {} exchanges/s",
-                fmt_rate(rates[0] as f64)
-            ),
-        }
+        let report = |what: String, rate: Option<u64>| match rate {
+            Some(r) => println!("  {what}: {} exchanges/s", fmt_rate(r as f64)),
+            None => println!("  {what}: below {} exchanges/s", fmt_rate(rates[0] as f64)),
+        };
+        report(format!("lossless capture rate ({secs} s bursts; with the spill)"), best);
+        report("steady rate (highest without spilling)".into(), best_unspilled);
     }
 }
 

@@ -242,19 +242,52 @@ mod tests {
     use crate::capture::CaptureTx;
     use crate::config::CaptureConfig;
 
+    /// A running stage over `dir`: the data path's end, the pipeline's end, the thread and its stop token.
+    struct Running {
+        tx: CaptureTx,
+        rx: SpillRx,
+        thread: JoinHandle<()>,
+        stop: tokio_util::sync::CancellationToken,
+    }
+
+    impl Running {
+        fn start(dir: &Path, handoff: usize, limit: u64, metrics: &Arc<Metrics>) -> Running {
+            let config = CaptureConfig {
+                queue_capacity: INTAKE_CAPACITY,
+                ..CaptureConfig::default()
+            };
+            let (tx, intake) = CaptureTx::channel(&config, metrics.clone());
+            let stop = tokio_util::sync::CancellationToken::new();
+            let (rx, thread) = spawn(intake, dir, handoff, limit, metrics.clone(), stop.clone()).expect("spawn");
+            Running { tx, rx, thread, stop }
+        }
+
+        fn stop(self) {
+            self.stop.cancel();
+            self.thread.join().expect("stage");
+        }
+    }
+
+    /// Waits up to 20 s for `done`.
+    fn wait_for(done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !done() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// A pipeline slower than the traffic: the stage spills, and the pipeline still receives every exchange
     /// once, in the order they were sent, while direct and spilled exchanges alternate.
     #[test]
     fn a_slow_pipeline_gets_every_exchange_in_order() {
         let dir = tempfile::tempdir().expect("tempdir");
         let metrics = Arc::new(Metrics::default());
-        let config = CaptureConfig {
-            queue_capacity: INTAKE_CAPACITY,
-            ..CaptureConfig::default()
-        };
-        let (tx, intake) = CaptureTx::channel(&config, metrics.clone());
-        let stop = tokio_util::sync::CancellationToken::new();
-        let (mut rx, thread) = spawn(intake, dir.path(), 3, u64::MAX, metrics.clone(), stop.clone()).expect("spawn");
+        let Running {
+            tx,
+            mut rx,
+            thread,
+            stop,
+        } = Running::start(dir.path(), 3, u64::MAX, &metrics);
         let sender = std::thread::spawn(move || {
             for id in 0..600u128 {
                 tx.try_send(RawExchange::for_test(id));
@@ -296,35 +329,27 @@ mod tests {
     fn a_restart_hands_out_the_previous_runs_spill_first() {
         let dir = tempfile::tempdir().expect("tempdir");
         let metrics = Arc::new(Metrics::default());
-        let config = CaptureConfig {
-            queue_capacity: INTAKE_CAPACITY,
-            ..CaptureConfig::default()
-        };
-        {
-            let (tx, intake) = CaptureTx::channel(&config, metrics.clone());
-            let stop = tokio_util::sync::CancellationToken::new();
-            let (_rx, thread) = spawn(intake, dir.path(), 2, u64::MAX, metrics.clone(), stop.clone()).expect("spawn");
-            for id in 0..20u128 {
-                tx.try_send(RawExchange::for_test(id));
-            }
-            // Nobody receives: two go to the handoff (lost with it, as the in-memory queue is), the rest spill.
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            while metrics.capture_spilled.get() < 18 && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            stop.cancel();
-            thread.join().expect("stage");
+        let first = Running::start(dir.path(), 2, u64::MAX, &metrics);
+        for id in 0..20u128 {
+            first.tx.try_send(RawExchange::for_test(id));
         }
-        let (tx, intake) = CaptureTx::channel(&config, metrics.clone());
-        let stop = tokio_util::sync::CancellationToken::new();
-        let (mut rx, thread) = spawn(intake, dir.path(), 2, u64::MAX, metrics.clone(), stop.clone()).expect("spawn");
-        tx.try_send(RawExchange::for_test(100));
+        // Nobody receives: two go to the handoff (lost with it, as the in-memory queue is), the rest spill.
+        wait_for(|| metrics.capture_spilled.get() >= 18);
+        first.stop();
+        let mut second = Running::start(dir.path(), 2, u64::MAX, &metrics);
+        second.tx.try_send(RawExchange::for_test(100));
         let got: Vec<u128> = (0..19)
-            .map(|_| rx.recv_timeout(Duration::from_secs(20)).expect("exchange").id.as_u128())
+            .map(|_| {
+                second
+                    .rx
+                    .recv_timeout(Duration::from_secs(20))
+                    .expect("exchange")
+                    .id
+                    .as_u128()
+            })
             .collect();
         assert_eq!(got, (2..20).chain([100]).collect::<Vec<_>>());
-        stop.cancel();
-        thread.join().expect("stage");
+        second.stop();
     }
 
     /// Beyond `capture.spill_bytes`, exchanges are dropped and counted as a full queue drops them.
@@ -332,32 +357,18 @@ mod tests {
     fn a_full_spill_drops_and_counts() {
         let dir = tempfile::tempdir().expect("tempdir");
         let metrics = Arc::new(Metrics::default());
-        let config = CaptureConfig {
-            queue_capacity: INTAKE_CAPACITY,
-            ..CaptureConfig::default()
-        };
-        let (tx, intake) = CaptureTx::channel(&config, metrics.clone());
-        let stop = tokio_util::sync::CancellationToken::new();
-        let (_rx, thread) = spawn(intake, dir.path(), 1, 2_000, metrics.clone(), stop.clone()).expect("spawn");
+        let running = Running::start(dir.path(), 1, 2_000, &metrics);
         for id in 0..100u128 {
             let mut e = RawExchange::for_test(id);
             e.meta.session = Some(format!("s{id}"));
-            tx.try_send(e);
+            running.tx.try_send(e);
         }
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while metrics.capture_spilled.get() + metrics.capture_dropped.get() < 99 && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let handled = || metrics.capture_spilled.get() + metrics.capture_dropped.get();
+        wait_for(|| handled() >= 99);
         assert!(metrics.capture_spilled.get() > 0);
         assert!(metrics.capture_dropped.get() > 0);
-        assert_eq!(
-            metrics.capture_spilled.get() + metrics.capture_dropped.get(),
-            99,
-            "one in the handoff"
-        );
+        assert_eq!(handled(), 99, "one in the handoff");
         assert!(metrics.capture_spill_bytes.get() <= 2_000);
-        stop.cancel();
-        thread.join().expect("stage");
+        running.stop();
     }
 }
