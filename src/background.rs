@@ -1,5 +1,7 @@
 //! Background threads: what every thread off the data path (pipeline, store writer, exporters, API) does to stay
 //! out of the way of the proxy's workers.
+//! The capture spill's thread is the one exception: it must still run when the workers saturate the machine,
+//! or capture drops what it could have put on disk (see `capture::spill`).
 
 /// Capture work must never take CPU from the data path: on a busy machine the pipeline and store threads yield
 /// (nice 19), fall behind, and the bounded capture queue drops and counts instead of slowing traffic.

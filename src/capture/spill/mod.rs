@@ -126,8 +126,8 @@ pub fn spawn(
     let thread = std::thread::Builder::new()
         .name("llmtap-spill".into())
         // Unlike the pipeline and the store, this thread keeps the normal priority: it is what makes capture
-        // lossless when the machine is saturated. At `SCHED_IDLE` it got no CPU while the proxy's workers had
-        // work, the intake filled within a poll or two and exchanges were dropped with the spill nearly empty.
+        // lossless when the machine is saturated. At `SCHED_IDLE` it would get no CPU while the proxy's workers
+        // have work: the intake would fill within a poll or two and drop exchanges with the spill nearly empty.
         // Its work per exchange is small (a move into the handoff, or an append to the open segment), and it
         // runs once per poll interval, not once per exchange.
         .spawn(move || stage.run(&stop))
