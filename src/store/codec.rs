@@ -20,8 +20,8 @@ const LEVEL: i32 = 1;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 
 /// Bodies shorter than this are stored plain. A zstd frame costs the store thread a fixed setup (its match
-/// and entropy tables) whatever the input's size; below this size that setup was most of the store thread's
-/// compression time and the bytes saved were few (`llmtap-bench store-rate` and `bytes`, docs/performance.md,
+/// and entropy tables) whatever the input's size; below this size that setup is most of the store thread's
+/// compression time and the bytes saved are few (`llmtap-bench store-rate` and `bytes`, docs/performance.md,
 /// "Store writer CPU per exchange").
 const PLAIN_BELOW: usize = 1024;
 

@@ -155,9 +155,9 @@ CREATE INDEX IF NOT EXISTS trajectories_started ON trajectories(started_us);
 /// v8: bodies and steps shorter than `codec::PLAIN_BELOW` may be stored plain behind `codec`'s magic and CRC-32
 /// instead of a zstd frame (the version says so: an llmtap from before refuses the store, `FutureSchema`,
 /// instead of reading those bodies as damaged). And `traces` and `steps` lose their session indexes: a session's
-/// rows are found through its trajectories (`TraceFilter::condition`). They were two of the entries on random
-/// pages that every exchange wrote (session ids are hashes or client UUIDs); without them the writer spent ~13%
-/// less CPU per exchange (`llmtap-bench store-rate`, see docs/performance.md).
+/// rows are found through its trajectories (`TraceFilter::condition`). Session ids are hashes or client UUIDs,
+/// so those indexes put two entries per exchange on random pages that each commit rewrites; without them the
+/// writer spends ~13% less CPU per exchange (`llmtap-bench store-rate`, see docs/performance.md).
 const V8: &str = r#"
 DROP INDEX IF EXISTS traces_session;
 DROP INDEX IF EXISTS steps_session;
