@@ -39,9 +39,12 @@ async fn burst(tap: &Llmtap, f: &Fixture, n: usize) {
 /// Wait (at most three minutes) until nothing waits in memory or in the spill, every exchange taken is
 /// processed, and the store has committed one trace per processed exchange on top of the `before` it held
 /// when this llmtap started (so the wait holds on a starved machine, where the store may commit seconds after
-/// the pipeline processed).
+/// the pipeline processed). Records read back from the spill are not counted anywhere between the moment the
+/// spill hands them to the pipeline and the moment they are processed, so the state must also hold still for
+/// three polls in a row (a handful of exchanges in the pipeline's hands take milliseconds, not 400 ms).
 fn wait_drained(tap: &Llmtap, dir: &Path, before: i64) {
     let deadline = Instant::now() + Duration::from_secs(180);
+    let mut still = (0, 0u64);
     loop {
         let m = tap.metrics();
         let get = |name: &str| {
@@ -56,7 +59,16 @@ fn wait_drained(tap: &Llmtap, dir: &Path, before: i64) {
             && processed + get("llmtap_capture_dropped_total ") >= get("llmtap_captured_total ");
         let committed = traces_in_db(dir);
         if idle && committed == before + processed as i64 {
-            return;
+            still = if still.1 == processed {
+                (still.0 + 1, processed)
+            } else {
+                (1, processed)
+            };
+            if still.0 >= 3 {
+                return;
+            }
+        } else {
+            still = (0, u64::MAX);
         }
         assert!(
             Instant::now() < deadline,
@@ -281,6 +293,7 @@ async fn a_torn_spill_is_skipped_with_one_error() {
     std::fs::write(spill.join(format!("{:020}.seg", 99)), b"LLMTSPL1 then noise").unwrap();
 
     let (tap, log) = Llmtap::start_capturing_log(&upstream_config(&up, ""), dir.path());
+    tap.wait_for_traces(2);
     wait_drained(&tap, dir.path(), 0);
     assert_eq!(
         tap.export("provider-traces", &[]).len(),

@@ -7,7 +7,8 @@
 //! session), `lossless` (the lossless capture rate), `store-rate` (the pipeline and store writer's own
 //! capacity); `--smoke` runs a tiny configuration (CI checks it still runs).
 //! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
-//! OTLP/gRPC receiver that counts spans, for profiling llmtap by hand).
+//! OTLP/gRPC receiver that counts spans) and `saturate URL [SECS] [CONNS]` (the throughput phase's closed-loop
+//! load against one URL), for profiling llmtap by hand.
 #![allow(clippy::print_stdout)]
 
 mod capture;
@@ -83,6 +84,13 @@ fn main() {
             }
             Err(e) => eprintln!("llmtap-bench: {e}"),
         },
+        "saturate" => {
+            let mut rest = args.iter().filter(|a| !a.starts_with("--")).skip(1);
+            let url = rest.next().cloned().unwrap_or_default();
+            let secs = rest.next().and_then(|s| s.parse().ok()).unwrap_or(10);
+            let conns = rest.next().and_then(|s| s.parse().ok()).unwrap_or(32);
+            proxy::saturate(&url, secs, conns);
+        }
         "derive" => derive::run(calls),
         "derive-throughput" => derive::throughput(calls),
         "derive-steady" => derive::steady(calls),

@@ -267,6 +267,17 @@ pub async fn open_loop(url: &str, bodies: &[Bytes], n: usize, rate: u64) -> usiz
     ok
 }
 
+/// The throughput phase's load against `url` alone, for profiling by hand: prints the rate reached.
+pub fn saturate(url: &str, secs: u64, conns: usize) {
+    match super::servers::runtime() {
+        Ok(rt) => println!(
+            "{url}: {}/s",
+            super::stats::fmt_rate(rt.block_on(saturation(url, conns, secs)))
+        ),
+        Err(e) => eprintln!("llmtap-bench: {e}"),
+    }
+}
+
 /// Closed loop with `conns` workers for `secs`: requests per second at saturation.
 async fn saturation(url: &str, conns: usize, secs: u64) -> f64 {
     let client = client(conns);

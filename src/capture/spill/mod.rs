@@ -86,6 +86,10 @@ struct Stage {
     /// refused: records are taken from the spill (moving its cursor) only when they can all be handed over.
     queued: Arc<AtomicUsize>,
     segments: Segments,
+    /// Exchanges appended to the spill whose records are not written yet (see [`Segments::flush`]). They are
+    /// kept until the write succeeds, so that a failed write drops them as a full spill does: counted, and by
+    /// conversation.
+    unwritten: Vec<RawExchange>,
     limit: u64,
     metrics: Arc<Metrics>,
     /// The pipeline is gone (it never goes before this thread unless it panicked): drop everything.
@@ -119,6 +123,7 @@ pub fn spawn(
         capacity,
         queued: queued.clone(),
         segments,
+        unwritten: Vec::new(),
         limit,
         metrics,
         pipeline_gone: false,
@@ -159,6 +164,7 @@ impl Stage {
                         let Some(next) = self.intake.try_recv() else { break };
                         self.route(next);
                     }
+                    self.write_spilled();
                 }
                 Err(RecvTimeoutError::Timeout) if stopping => break,
                 Err(RecvTimeoutError::Timeout) => {}
@@ -167,6 +173,7 @@ impl Stage {
         }
         // What is in memory of the segment being handed out is still on disk past its cursor; the open
         // segment is flushed.
+        self.write_spilled();
         if let Err(e) = self.segments.sync() {
             self.metrics.capture_spill_error(&e);
         }
@@ -179,6 +186,7 @@ impl Stage {
         if room == 0 || self.segments.is_empty() {
             return;
         }
+        self.write_spilled();
         let metrics = self.metrics.clone();
         let mut on_error = |e: SpillError| metrics.capture_spill_error(&e);
         for exchange in self.segments.take(room, &mut on_error) {
@@ -220,12 +228,34 @@ impl Stage {
             return self.send(exchange);
         }
         match self.segments.append(&exchange, self.limit) {
-            // Dropping the exchange gives its bytes back to the in-memory budget: they are on disk now.
-            Ok(_) => self.metrics.capture_spilled.inc(),
+            Ok(_) => {
+                self.unwritten.push(exchange);
+                if self.segments.wants_flush() {
+                    self.write_spilled();
+                }
+            }
             Err(SpillError::Full) => self.intake.drop_exchange(exchange),
             Err(e) => {
                 self.metrics.capture_spill_error(&e);
                 self.intake.drop_exchange(exchange);
+            }
+        }
+    }
+
+    /// Write the records appended since the last write: their exchanges are spilled, or dropped if the write
+    /// fails.
+    fn write_spilled(&mut self) {
+        match self.segments.flush() {
+            // Dropping the exchanges gives their bytes back to the in-memory budget: they are on disk now.
+            Ok(()) => {
+                self.metrics.capture_spilled.add(self.unwritten.len() as u64);
+                self.unwritten.clear();
+            }
+            Err(e) => {
+                self.metrics.capture_spill_error(&e);
+                for exchange in self.unwritten.drain(..) {
+                    self.intake.drop_exchange(exchange);
+                }
             }
         }
         self.publish();

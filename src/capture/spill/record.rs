@@ -40,7 +40,7 @@ pub enum RecordError {
 #[derive(Serialize, Deserialize)]
 struct MirrorCaptured<'a> {
     headers: &'a str,
-    #[serde(borrow)]
+    #[serde(borrow, serialize_with = "chunks_as_bytes")]
     body: Vec<&'a [u8]>,
     len: u64,
     truncated: bool,
@@ -75,6 +75,21 @@ struct Mirror<'a> {
     tags: Vec<&'a str>,
     #[serde(borrow)]
     traceparent: Option<&'a str>,
+}
+
+/// serde writes a `&[u8]` as a sequence of `u8`, one serializer call per byte; as bytes it is one copy. In
+/// postcard both are the same bytes on disk (a varint length, then the bytes), which is the form `&[u8]`'s
+/// `Deserialize` reads.
+fn chunks_as_bytes<S: serde::Serializer>(chunks: &[&[u8]], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(chunks.iter().map(|c| AsBytes(c)))
+}
+
+struct AsBytes<'a>(&'a [u8]);
+
+impl Serialize for AsBytes<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
 }
 
 fn mirror_captured(c: &Captured) -> MirrorCaptured<'_> {
@@ -274,6 +289,18 @@ mod tests {
         let inside = buffer.as_ptr_range();
         assert!(inside.contains(&body.as_ptr()), "no copy of the body");
         assert_eq!(back.charge.bytes(), 0);
+    }
+
+    /// Chunks written as bytes are the bytes a sequence of `u8` gives in postcard: a spill written either way
+    /// reads back the same.
+    #[test]
+    fn body_chunks_as_bytes_are_the_same_bytes_as_a_sequence_of_u8() {
+        let chunks: Vec<&[u8]> = vec![b"", b"{\"a\":1}", &[0xff; 300]];
+        let as_seq = postcard::to_allocvec(&chunks).expect("seq");
+        let as_bytes = postcard::to_allocvec(&chunks.iter().map(|c| AsBytes(c)).collect::<Vec<_>>()).expect("bytes");
+        assert_eq!(as_seq, as_bytes);
+        let back: Vec<&[u8]> = postcard::from_bytes(&as_bytes).expect("decode");
+        assert_eq!(back, chunks);
     }
 
     #[test]

@@ -27,6 +27,8 @@ use crate::capture::RawExchange;
 /// A segment is closed once it holds this much: reading takes a whole segment into memory, so this bounds
 /// that memory (plus one record, which may be larger).
 pub const SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
+/// Records are written in batches of about this many bytes (see [`Segments::wants_flush`]).
+pub const FLUSH_BYTES: usize = 256 * 1024;
 /// First bytes of every segment: the format, so that a future format is refused rather than misread.
 const MAGIC: &[u8; 8] = b"LLMTSPL1";
 
@@ -64,10 +66,11 @@ pub struct Segments {
     writer: Option<Writer>,
     next_seq: u64,
     current: Option<Current>,
-    /// Bytes of segments not started plus frames of `current` not handed out: what `capture.spill_bytes`
-    /// bounds.
+    /// Bytes of segments not started (records appended and not yet written included) plus frames of
+    /// `current` not handed out: what `capture.spill_bytes` bounds.
     bytes: u64,
-    scratch: Vec<u8>,
+    /// Records appended since the last flush, framed, in order (see [`Segments::append`]).
+    pending: Vec<u8>,
 }
 
 impl Segments {
@@ -100,7 +103,7 @@ impl Segments {
             on_disk: on_disk.into(),
             writer: None,
             current: None,
-            scratch: Vec::new(),
+            pending: Vec::new(),
         };
         // A cursor whose segment is gone: the segment was finished and deleted just before a crash.
         for seq in cursors {
@@ -130,40 +133,69 @@ impl Segments {
     }
 
     /// Append `exchange` unless the spill would then hold more than `limit` bytes. Returns the frame's length.
-    /// A failed write closes the segment (its tail may be torn; reading stops there) so the next record
-    /// starts a clean one.
+    /// The record is only encoded here: it reaches the file with the next [`Segments::flush`], one write for
+    /// every record appended since (a write per record costs the spill thread more than encoding it). Until
+    /// then it counts against `limit` like a written one.
     pub fn append(&mut self, exchange: &RawExchange, limit: u64) -> Result<u64, SpillError> {
-        self.scratch.clear();
         let seq = match &self.writer {
             Some(w) => w.seq,
             None => self.next_seq,
         };
-        let frame = record::encode(exchange, &mut self.scratch).map_err(|source| SpillError::Record {
+        let at = self.pending.len();
+        let frame = record::encode(exchange, &mut self.pending).map_err(|source| SpillError::Record {
             path: self.path(seq),
             source,
         })? as u64;
         let header = if self.writer.is_none() { MAGIC.len() as u64 } else { 0 };
         if self.bytes + frame + header > limit {
+            self.pending.truncate(at);
             return Err(SpillError::Full);
         }
         if self.writer.is_none() {
             let path = self.path(seq);
-            let mut file = create_file(&path).map_err(|source| SpillError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let opened = create_file(&path).and_then(|mut file| file.write_all(MAGIC).map(|()| file));
+            let file = match opened {
+                Ok(file) => file,
+                Err(source) => {
+                    self.pending.truncate(at);
+                    let _ = std::fs::remove_file(&path);
+                    return Err(SpillError::Io { path, source });
+                }
+            };
             self.next_seq += 1;
             self.on_disk.push_back((seq, 0));
-            let written = file.write_all(MAGIC);
             self.grow(MAGIC.len() as u64);
-            written.map_err(|source| SpillError::Io { path, source })?;
             self.writer = Some(Writer { seq, file });
         }
+        self.grow(frame);
+        Ok(frame)
+    }
+
+    /// Records are waiting for [`Segments::flush`] and it is time to write them: they fill a write of
+    /// [`FLUSH_BYTES`], or the open segment is full (the next record must start a new one).
+    pub fn wants_flush(&self) -> bool {
+        self.pending.len() >= FLUSH_BYTES
+            || (!self.pending.is_empty() && self.on_disk.back().is_some_and(|(_, l)| *l >= SEGMENT_BYTES))
+    }
+
+    /// Write the records appended since the last flush, in one write. On failure none of them counts as
+    /// spilled (the caller drops them) and the segment is closed: its tail may be torn and reading stops there,
+    /// so the next record starts a clean segment.
+    pub fn flush(&mut self) -> Result<(), SpillError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         let Some(w) = self.writer.as_mut() else {
-            return Err(SpillError::Full);
+            // Records are only appended to an open segment; nothing to write them to.
+            let lost = self.pending.len() as u64;
+            self.pending.clear();
+            self.bytes -= lost;
+            return Ok(());
         };
-        if let Err(source) = w.file.write_all(&self.scratch) {
+        let seq = w.seq;
+        if let Err(source) = w.file.write_all(&self.pending) {
             self.writer = None;
+            self.pending.clear();
             // What reached the file is on disk and counted until the segment is read (and found torn).
             let path = self.path(seq);
             let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
@@ -173,11 +205,15 @@ impl Segments {
             }
             return Err(SpillError::Io { path, source });
         }
-        self.grow(frame);
+        self.pending.clear();
+        if self.pending.capacity() > 2 * FLUSH_BYTES {
+            // One large record grew the buffer: do not keep that much memory for the next batch.
+            self.pending = Vec::with_capacity(FLUSH_BYTES);
+        }
         if self.on_disk.back().is_some_and(|(_, l)| *l >= SEGMENT_BYTES) {
             self.writer = None;
         }
-        Ok(frame)
+        Ok(())
     }
 
     fn grow(&mut self, by: u64) {
@@ -190,7 +226,12 @@ impl Segments {
     /// Up to `max` of the oldest waiting exchanges, in order, with their cursors already moved past them (so
     /// the caller must hand them on: they are not read again). Errors (a damaged segment yields the records
     /// before the damage) go to `on_error`.
+    /// Records appended and not flushed are written first (a caller that must know which exchanges a failed
+    /// write lost flushes before taking, as the spill stage does).
     pub fn take(&mut self, max: usize, on_error: &mut dyn FnMut(SpillError)) -> Vec<RawExchange> {
+        if let Err(e) = self.flush() {
+            on_error(e);
+        }
         let mut out = Vec::new();
         while out.len() < max {
             if self.current.is_none() && !self.load_next(on_error) {
@@ -299,13 +340,23 @@ impl Segments {
         false
     }
 
-    /// Flush the open segment to disk (at shutdown: what the spill holds must outlive the process).
+    /// Write what is pending and flush the open segment to disk (at shutdown: what the spill holds must
+    /// outlive the process).
     pub fn sync(&mut self) -> Result<(), SpillError> {
+        self.flush()?;
         if let Some(w) = &self.writer {
             let path = self.path(w.seq);
             w.file.sync_all().map_err(|source| SpillError::Io { path, source })?;
         }
         Ok(())
+    }
+}
+
+impl Drop for Segments {
+    /// Records appended and not flushed are written: a caller that lets go of the spill without
+    /// [`Segments::sync`] still leaves them on disk.
+    fn drop(&mut self) {
+        let _ = self.flush();
     }
 }
 
@@ -394,6 +445,8 @@ mod tests {
         let mut s = Segments::open(&spill).expect("open");
         for id in 0..5 {
             s.append(&big(id), u64::MAX).expect("append");
+            assert!(s.wants_flush(), "3 MiB is more than one write's worth");
+            s.flush().expect("flush");
         }
         assert!(s.on_disk.len() >= 2, "{} segments", s.on_disk.len());
         let first: Vec<u128> = s
@@ -435,6 +488,27 @@ mod tests {
         s.append(&RawExchange::for_test(11), u64::MAX).expect("append");
         assert_eq!(ids(&mut s), (3..=11).collect::<Vec<_>>());
         assert_eq!(files(dir.path()), 0);
+    }
+
+    /// Appended records reach the file together at the flush, and a spill dropped without one still writes
+    /// them.
+    #[test]
+    fn records_are_written_at_the_flush_and_at_drop() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let seg = dir.path().join(format!("{:020}.seg", 0));
+        let mut s = Segments::open(dir.path()).expect("open");
+        for id in 0..3 {
+            s.append(&RawExchange::for_test(id), u64::MAX).expect("append");
+        }
+        assert!(!s.wants_flush(), "three small records are not a write's worth");
+        let on_disk = || std::fs::metadata(&seg).expect("segment").len();
+        assert_eq!(on_disk(), MAGIC.len() as u64, "nothing written before the flush");
+        s.flush().expect("flush");
+        assert_eq!(on_disk(), s.bytes());
+        s.append(&RawExchange::for_test(3), u64::MAX).expect("append");
+        drop(s);
+        let mut s = Segments::open(dir.path()).expect("reopen");
+        assert_eq!(ids(&mut s), [0, 1, 2, 3]);
     }
 
     #[test]
