@@ -321,6 +321,56 @@ async fn a_client_dribbling_its_headers_is_cut_at_the_header_timeout() {
     assert!(upstream.seen().is_empty());
 }
 
+/// On a kept-alive connection each head gets the whole header timeout, counted from when the connection starts
+/// waiting for it (hyper's rule): a first request that outlasts the timeout (a slow upstream) does not make the
+/// second head's time run out early, and the second head, dribbled, is still cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_request_on_a_kept_alive_connection_gets_its_own_header_timeout() {
+    let upstream = ScriptedUpstream::start(Arc::new(|seen| {
+        if seen.path.ends_with("/slow") {
+            std::thread::sleep(Duration::from_millis(3000));
+        }
+        Answer::Json(200, Bytes::from_static(CHAT_RESPONSE.as_bytes()), vec![])
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream.config("[server]\nheader_read_timeout_secs = 2\n"), dir.path());
+    let mut stream = TcpStream::connect(tap.addr).unwrap();
+    let request = format!(
+        "POST /local/v1/slow HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+        CHAT_REQUEST.len(),
+        CHAT_REQUEST
+    );
+    // The first head arrives in two parts, so its timeout is armed (and expires while the upstream is slow).
+    stream.write_all(&request.as_bytes()[..20]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    stream.write_all(&request.as_bytes()[20..]).unwrap();
+    let mut reply = [0u8; 4096];
+    assert!(
+        stream.read(&mut reply).unwrap() > 0,
+        "the slow first request is answered"
+    );
+    stream
+        .write_all(b"POST /local/v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let dribble = std::thread::spawn(move || {
+        for _ in 0..60 {
+            if writer.write_all(b"x").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let closed = time_until_closed(&mut stream, Duration::from_secs(15)).expect("the dribbled second head is cut");
+    assert!(
+        closed >= Duration::from_millis(1900),
+        "cut {closed:?} after the first answer, before its own timeout"
+    );
+    dribble.join().unwrap();
+    assert_eq!(upstream.seen().len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_alive_connection_with_nothing_in_flight_is_closed_at_the_idle_timeout() {
     let upstream = ScriptedUpstream::start(ok_script()).await;
