@@ -133,8 +133,8 @@ pub fn spawn(
         // Unlike the pipeline and the store, this thread keeps the normal priority: it is what makes capture
         // lossless when the machine is saturated. At `SCHED_IDLE` it would get no CPU while the proxy's workers
         // have work: the intake would fill within a poll or two and drop exchanges with the spill nearly empty.
-        // Its work per exchange is small (a move into the handoff, or an append to the open segment), and it
-        // runs once per poll interval, not once per exchange.
+        // Its work per exchange is small (a move into the handoff, or an encoding into the batch each routing
+        // pass writes with one write), and it runs once per poll interval, not once per exchange.
         .spawn(move || stage.run(&stop))
         .map_err(|source| SpillError::Io {
             path: dir.to_owned(),

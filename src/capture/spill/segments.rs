@@ -2,13 +2,15 @@
 //! [`super::record`]), numbered in the order they were written. One thread owns them (the spill stage), so
 //! nothing here locks.
 //!
-//! Writing appends to the newest segment (a new one past [`SEGMENT_BYTES`]). Reading takes the oldest
+//! Writing appends to the newest segment (a new one past [`SEGMENT_BYTES`]), a batch of records per write (see
+//! [`Segments::append`] and [`Segments::flush`]). Reading takes the oldest
 //! segment into memory (closing it first if it is the one being written: the next record starts a new one)
 //! and hands its records out in order. Before a batch of records is handed to the pipeline, the offset past
 //! it is written to the segment's cursor file `<sequence>.pos`; a segment is deleted once all of it has been
 //! handed out. After a kill -9, reading resumes at the cursor: a record is never handed out twice (a second
 //! pass through derivation would store its steps again under a new trajectory), and what a kill -9 can lose
-//! is what had been handed over to the pipeline and was not stored yet, as without a spill. The cursor is
+//! is what had been handed over to the pipeline and was not stored yet, as without a spill, and the records of
+//! a routing pass not yet written (the stage writes them at the end of each pass). The cursor is
 //! written without `fsync`: it must survive the process dying, not the machine.
 //!
 //! Files are created 0600 in a 0700 directory: they hold prompts and responses as the store does (headers
