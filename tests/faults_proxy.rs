@@ -296,6 +296,29 @@ fn time_until_closed(stream: &mut TcpStream, limit: Duration) -> Option<Duration
     None
 }
 
+/// A whole HTTP/1.1 chat completion request for `path`, as raw bytes on the wire.
+fn chat_request(path: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+        CHAT_REQUEST.len(),
+        CHAT_REQUEST
+    )
+}
+
+/// One header byte every 300 ms on `stream` (for up to 18 s, or until the write fails): always something
+/// arriving, never a complete header block.
+fn dribble_a_header(stream: &TcpStream) -> std::thread::JoinHandle<()> {
+    let mut writer = stream.try_clone().unwrap();
+    std::thread::spawn(move || {
+        for _ in 0..60 {
+            if writer.write_all(b"x").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_dribbling_its_headers_is_cut_at_the_header_timeout() {
     let upstream = ScriptedUpstream::start(ok_script()).await;
@@ -305,16 +328,7 @@ async fn a_client_dribbling_its_headers_is_cut_at_the_header_timeout() {
     stream
         .write_all(b"POST /local/v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
         .unwrap();
-    // One header byte every 300 ms: always something arriving, never a complete header block.
-    let mut writer = stream.try_clone().unwrap();
-    let dribble = std::thread::spawn(move || {
-        for _ in 0..60 {
-            if writer.write_all(b"x").is_err() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    });
+    let dribble = dribble_a_header(&stream);
     let closed = time_until_closed(&mut stream, Duration::from_secs(15));
     assert!(closed.is_some(), "still open after 15 s of dribbled headers");
     dribble.join().unwrap();
@@ -336,11 +350,7 @@ async fn each_request_on_a_kept_alive_connection_gets_its_own_header_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream.config("[server]\nheader_read_timeout_secs = 2\n"), dir.path());
     let mut stream = TcpStream::connect(tap.addr).unwrap();
-    let request = format!(
-        "POST /local/v1/slow HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-        CHAT_REQUEST.len(),
-        CHAT_REQUEST
-    );
+    let request = chat_request("/local/v1/slow");
     // The first head arrives in two parts, so its timeout is armed (and expires while the upstream is slow).
     stream.write_all(&request.as_bytes()[..20]).unwrap();
     std::thread::sleep(Duration::from_millis(100));
@@ -353,15 +363,7 @@ async fn each_request_on_a_kept_alive_connection_gets_its_own_header_timeout() {
     stream
         .write_all(b"POST /local/v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
         .unwrap();
-    let mut writer = stream.try_clone().unwrap();
-    let dribble = std::thread::spawn(move || {
-        for _ in 0..60 {
-            if writer.write_all(b"x").is_err() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    });
+    let dribble = dribble_a_header(&stream);
     let closed = time_until_closed(&mut stream, Duration::from_secs(15)).expect("the dribbled second head is cut");
     assert!(
         closed >= Duration::from_millis(1900),
@@ -377,11 +379,7 @@ async fn a_kept_alive_connection_with_nothing_in_flight_is_closed_at_the_idle_ti
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream.config("[server]\nidle_timeout_secs = 1\n"), dir.path());
     let mut stream = TcpStream::connect(tap.addr).unwrap();
-    let request = format!(
-        "POST /local/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-        CHAT_REQUEST.len(),
-        CHAT_REQUEST
-    );
+    let request = chat_request("/local/v1/chat/completions");
     stream.write_all(request.as_bytes()).unwrap();
     // The response arrives, the connection stays open for the next request ... until it has been idle 1 s.
     let closed = time_until_closed(&mut stream, Duration::from_secs(15)).expect("closed when idle");
