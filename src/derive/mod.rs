@@ -21,6 +21,7 @@ mod observe;
 mod prefix;
 mod purpose;
 pub mod session;
+mod shared;
 pub mod snippets;
 pub mod stable_hash;
 mod state;
@@ -37,6 +38,7 @@ use crate::model::step::{CallType, Purpose, Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use identity::{CallIds, Resolved, Resolver, system_prompt_hash};
 use prefix::LastCall;
+use shared::Shared;
 use state::{CallFacts, Origin, State, Trajectory};
 use steps::{StepBase, StepIndexes};
 
@@ -174,8 +176,17 @@ impl Deriver {
             .state
             .trajectories
             .entry(traj_id.to_owned())
-            .or_insert_with(|| Trajectory::new(traj_id, trace, origin.unwrap_or_default()));
-        let steps = call_steps(traj, traj_id, trace, call, ids, new_turns, is_new);
+            .or_insert_with(|| Box::new(Trajectory::new(trace, origin.unwrap_or_default())));
+        let steps = call_steps(
+            traj,
+            &mut self.state.shared,
+            traj_id,
+            trace,
+            call,
+            ids,
+            new_turns,
+            is_new,
+        );
         // A warmup's output is never used, so its tool calls never wait for results.
         if steps.agent.call_type != Some(CallType::Warmup) {
             self.state
@@ -210,14 +221,24 @@ impl Deriver {
                 out.extend(self.close(&id));
             }
         }
+        if !out.is_empty() {
+            self.state.shared.sweep();
+        }
         out
+    }
+
+    /// How many trajectories are open.
+    pub fn open_trajectories(&self) -> usize {
+        self.state.trajectories.len()
     }
 
     /// Close every open trajectory (at shutdown), in id order.
     pub fn close_all(&mut self) -> Vec<Record> {
         let mut ids: Vec<String> = self.state.trajectories.keys().cloned().collect();
         ids.sort_unstable();
-        ids.into_iter().flat_map(|id| self.close(&id)).collect()
+        let out = ids.into_iter().flat_map(|id| self.close(&id)).collect();
+        self.state.shared.sweep();
+        out
     }
 
     /// The steps that got `no_result` observations or still had unsent ones, then the closed summary.
@@ -231,18 +252,21 @@ impl Deriver {
         let mut out: Vec<Record> = std::mem::take(&mut t.steps)
             .into_values()
             .filter(|s| !s.observations.is_empty())
-            .map(|s| Record::Step(Box::new(s)))
+            .map(Record::Step)
             .collect();
         self.resolver.forget(id);
-        t.summary.closed = true;
-        out.push(Record::Trajectory(Box::new(t.summary)));
+        let mut summary = t.summary(id, true);
+        summary.closed = true;
+        out.push(Record::Trajectory(Box::new(summary)));
         out
     }
 }
 
 /// The steps of one call and the trajectory's bookkeeping for the next call.
+#[allow(clippy::too_many_arguments)]
 fn call_steps(
     traj: &mut Trajectory,
+    shared: &mut Shared,
     traj_id: &str,
     trace: &ProviderTrace,
     call: &NormalizedCall,
@@ -259,7 +283,7 @@ fn call_steps(
     traj.next_index = traj.next_index.max(indexes.agent + 1);
     let sp_hash = call.system.as_deref().map(system_prompt_hash);
     // Learned whether or not the trajectory is new (no short-circuit).
-    let learned = traj.learn_definitions(call, sp_hash.as_deref());
+    let learned = traj.learn_definitions(call, sp_hash.as_deref(), shared);
     let heavy_changed = is_new || learned;
     let prompt = prefix::prompt_fingerprints(&call.messages, ids);
     let reuse = prefix::reuse(traj.last.as_ref(), &prompt, sp_hash.as_deref());
@@ -270,11 +294,11 @@ fn call_steps(
     let base = StepBase {
         traj_id,
         trace,
-        session: traj.summary.session_id.as_deref(),
+        session: Some(traj.session_id(traj_id)),
         sp_hash: sp_hash.clone(),
         tools: call.tools.iter().map(|t| t.name.clone()).collect(),
         parent: traj.parent.as_ref(),
-        linked: traj.summary.parent_trajectory_id.as_deref(),
+        linked: traj.linked(),
         call_type,
         purpose,
     };
@@ -294,7 +318,7 @@ fn call_steps(
         model: steps::answering_model(trace, call),
         call_type,
     };
-    let summary = traj.record_call(&facts, heavy_changed);
+    let summary = traj.record_call(traj_id, &facts, heavy_changed, shared);
     traj.keep_live_steps(&agent);
     CallSteps { user, agent, summary }
 }
