@@ -42,10 +42,11 @@ use shared::Shared;
 use state::{CallFacts, Origin, State, Trajectory};
 use steps::{StepBase, StepIndexes};
 
-/// The most trajectories kept open at once. Every open trajectory holds its steps and outstanding calls until its
-/// idle timeout (30 minutes by default), so a flood of one-shot calls (each its own run) would otherwise hold
-/// memory for all of them; beyond this the least recently seen are closed early, as if idle (a later call of a
-/// closed conversation finds it again by its root, like a call seen after the timeout).
+/// The most trajectories kept open at once. Every open trajectory holds what its later calls need until its idle
+/// timeout (30 minutes by default): ~1.5 KB for a one-call trajectory, more for steps waiting for tool results
+/// (docs/performance.md, "Memory held by open trajectories"). A flood of one-shot calls (each its own run) would
+/// otherwise hold memory for all of them; beyond this the least recently seen are closed early, as if idle (a
+/// later call of a closed conversation finds it again by its root, like a call seen after the timeout).
 pub const MAX_OPEN_TRAJECTORIES: usize = 10_000;
 
 pub struct Deriver {
@@ -686,6 +687,56 @@ mod tests {
             .collect();
         assert_eq!(closed, [first.unwrap().as_str()], "only the oldest closes, early");
         assert_eq!(h.deriver.state.trajectories.len(), super::MAX_OPEN_TRAJECTORIES);
+    }
+
+    #[test]
+    fn open_one_call_trajectories_keep_no_step_and_share_their_definitions_until_closed() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let one_call = || {
+            let mut c = call("You are a helpful assistant.", vec![user("hi")], text_out("hello"));
+            c.tools = vec![crate::model::call::ToolDef {
+                name: "read".into(),
+                description: Some("Read a file".into()),
+                parameters: Some(json!({"type": "object"})),
+            }];
+            c
+        };
+        let a = h.send(one_call());
+        let b = h.send(one_call());
+        assert_ne!(a.trajectory_id, b.trajectory_id);
+        let open: Vec<&super::state::Trajectory> = h.deriver.state.trajectories.values().map(|t| &**t).collect();
+        assert_eq!(open.len(), 2);
+        // A step that waits for no tool result can no longer change: it is not kept.
+        assert!(open.iter().all(|t| t.steps.is_empty()));
+        // Both summaries carry the definitions, from one shared copy.
+        assert_eq!(a.summary.tool_definitions, b.summary.tool_definitions);
+        assert_eq!(a.summary.tool_definitions.len(), 1);
+        let closed: Vec<crate::model::step::TrajectorySummary> = h
+            .deriver
+            .close_all()
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::Trajectory(t) => Some(*t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(closed.len(), 2);
+        for t in &closed {
+            assert!(t.closed);
+            assert_eq!(t.tool_definitions, a.summary.tool_definitions);
+            assert_eq!(
+                t.system_prompts.values().collect::<Vec<_>>(),
+                ["You are a helpful assistant."]
+            );
+            assert_eq!(
+                (t.models.as_slice(), t.call_types.as_slice()),
+                (&["m-1".to_owned()][..], &["main".to_owned()][..])
+            );
+        }
+        assert!(
+            h.deriver.state.shared.is_empty(),
+            "closed trajectories leave nothing shared behind"
+        );
     }
 
     #[test]
