@@ -159,6 +159,8 @@ pub struct Metrics {
     pub processed: Counter,
     pub process_errors: Counter,
     pub steps_derived: Counter,
+    /// Gauge: trajectories the deriver holds open (see `derive::MAX_OPEN_TRAJECTORIES`).
+    pub derive_open_trajectories: Counter,
     pub stored: Counter,
     pub store_errors: Counter,
     pub store_dropped: Counter,
@@ -342,6 +344,11 @@ impl Metrics {
                 "llmtap_steps_derived_total",
                 "Agent steps derived.",
                 self.steps_derived.get(),
+            ),
+            (
+                "llmtap_derive_open_trajectories",
+                "Trajectories held open by derivation, waiting for their next call (closed after derive.idle_timeout_secs without one, or beyond 10,000 open, least recently seen first).",
+                self.derive_open_trajectories.get(),
             ),
             (
                 "llmtap_stored_total",

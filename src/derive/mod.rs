@@ -21,6 +21,7 @@ mod observe;
 mod prefix;
 mod purpose;
 pub mod session;
+mod shared;
 pub mod snippets;
 pub mod stable_hash;
 mod state;
@@ -37,13 +38,15 @@ use crate::model::step::{CallType, Purpose, Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use identity::{CallIds, Resolved, Resolver, system_prompt_hash};
 use prefix::LastCall;
+use shared::Shared;
 use state::{CallFacts, Origin, State, Trajectory};
 use steps::{StepBase, StepIndexes};
 
-/// The most trajectories kept open at once. Every open trajectory holds its steps and outstanding calls until its
-/// idle timeout (30 minutes by default), so a flood of one-shot calls (each its own run) would otherwise hold
-/// memory for all of them; beyond this the least recently seen are closed early, as if idle (a later call of a
-/// closed conversation finds it again by its root, like a call seen after the timeout).
+/// The most trajectories kept open at once. Every open trajectory holds what its later calls need until its idle
+/// timeout (30 minutes by default): ~1.5 KB for a one-call trajectory, more for steps waiting for tool results
+/// (docs/performance.md, "Memory held by open trajectories"). A flood of one-shot calls (each its own run) would
+/// otherwise hold memory for all of them; beyond this the least recently seen are closed early, as if idle (a
+/// later call of a closed conversation finds it again by its root, like a call seen after the timeout).
 pub const MAX_OPEN_TRAJECTORIES: usize = 10_000;
 
 pub struct Deriver {
@@ -174,8 +177,17 @@ impl Deriver {
             .state
             .trajectories
             .entry(traj_id.to_owned())
-            .or_insert_with(|| Trajectory::new(traj_id, trace, origin.unwrap_or_default()));
-        let steps = call_steps(traj, traj_id, trace, call, ids, new_turns, is_new);
+            .or_insert_with(|| Box::new(Trajectory::new(trace, origin.unwrap_or_default())));
+        let steps = call_steps(
+            traj,
+            &mut self.state.shared,
+            traj_id,
+            trace,
+            call,
+            ids,
+            new_turns,
+            is_new,
+        );
         // A warmup's output is never used, so its tool calls never wait for results.
         if steps.agent.call_type != Some(CallType::Warmup) {
             self.state
@@ -210,14 +222,24 @@ impl Deriver {
                 out.extend(self.close(&id));
             }
         }
+        if !out.is_empty() {
+            self.state.shared.sweep();
+        }
         out
+    }
+
+    /// How many trajectories are open.
+    pub fn open_trajectories(&self) -> usize {
+        self.state.trajectories.len()
     }
 
     /// Close every open trajectory (at shutdown), in id order.
     pub fn close_all(&mut self) -> Vec<Record> {
         let mut ids: Vec<String> = self.state.trajectories.keys().cloned().collect();
         ids.sort_unstable();
-        ids.into_iter().flat_map(|id| self.close(&id)).collect()
+        let out = ids.into_iter().flat_map(|id| self.close(&id)).collect();
+        self.state.shared.sweep();
+        out
     }
 
     /// The steps that got `no_result` observations or still had unsent ones, then the closed summary.
@@ -231,18 +253,21 @@ impl Deriver {
         let mut out: Vec<Record> = std::mem::take(&mut t.steps)
             .into_values()
             .filter(|s| !s.observations.is_empty())
-            .map(|s| Record::Step(Box::new(s)))
+            .map(Record::Step)
             .collect();
         self.resolver.forget(id);
-        t.summary.closed = true;
-        out.push(Record::Trajectory(Box::new(t.summary)));
+        let mut summary = t.summary(id, true);
+        summary.closed = true;
+        out.push(Record::Trajectory(Box::new(summary)));
         out
     }
 }
 
 /// The steps of one call and the trajectory's bookkeeping for the next call.
+#[allow(clippy::too_many_arguments)]
 fn call_steps(
     traj: &mut Trajectory,
+    shared: &mut Shared,
     traj_id: &str,
     trace: &ProviderTrace,
     call: &NormalizedCall,
@@ -259,7 +284,7 @@ fn call_steps(
     traj.next_index = traj.next_index.max(indexes.agent + 1);
     let sp_hash = call.system.as_deref().map(system_prompt_hash);
     // Learned whether or not the trajectory is new (no short-circuit).
-    let learned = traj.learn_definitions(call, sp_hash.as_deref());
+    let learned = traj.learn_definitions(call, sp_hash.as_deref(), shared);
     let heavy_changed = is_new || learned;
     let prompt = prefix::prompt_fingerprints(&call.messages, ids);
     let reuse = prefix::reuse(traj.last.as_ref(), &prompt, sp_hash.as_deref());
@@ -270,11 +295,11 @@ fn call_steps(
     let base = StepBase {
         traj_id,
         trace,
-        session: traj.summary.session_id.as_deref(),
+        session: Some(traj.session_id(traj_id)),
         sp_hash: sp_hash.clone(),
         tools: call.tools.iter().map(|t| t.name.clone()).collect(),
         parent: traj.parent.as_ref(),
-        linked: traj.summary.parent_trajectory_id.as_deref(),
+        linked: traj.linked(),
         call_type,
         purpose,
     };
@@ -294,7 +319,7 @@ fn call_steps(
         model: steps::answering_model(trace, call),
         call_type,
     };
-    let summary = traj.record_call(&facts, heavy_changed);
+    let summary = traj.record_call(traj_id, &facts, heavy_changed, shared);
     traj.keep_live_steps(&agent);
     CallSteps { user, agent, summary }
 }
@@ -662,6 +687,56 @@ mod tests {
             .collect();
         assert_eq!(closed, [first.unwrap().as_str()], "only the oldest closes, early");
         assert_eq!(h.deriver.state.trajectories.len(), super::MAX_OPEN_TRAJECTORIES);
+    }
+
+    #[test]
+    fn open_one_call_trajectories_keep_no_step_and_share_their_definitions_until_closed() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let one_call = || {
+            let mut c = call("You are a helpful assistant.", vec![user("hi")], text_out("hello"));
+            c.tools = vec![crate::model::call::ToolDef {
+                name: "read".into(),
+                description: Some("Read a file".into()),
+                parameters: Some(json!({"type": "object"})),
+            }];
+            c
+        };
+        let a = h.send(one_call());
+        let b = h.send(one_call());
+        assert_ne!(a.trajectory_id, b.trajectory_id);
+        let open: Vec<&super::state::Trajectory> = h.deriver.state.trajectories.values().map(|t| &**t).collect();
+        assert_eq!(open.len(), 2);
+        // A step that waits for no tool result can no longer change: it is not kept.
+        assert!(open.iter().all(|t| t.steps.is_empty()));
+        // Both summaries carry the definitions, from one shared copy.
+        assert_eq!(a.summary.tool_definitions, b.summary.tool_definitions);
+        assert_eq!(a.summary.tool_definitions.len(), 1);
+        let closed: Vec<crate::model::step::TrajectorySummary> = h
+            .deriver
+            .close_all()
+            .into_iter()
+            .filter_map(|r| match r {
+                Record::Trajectory(t) => Some(*t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(closed.len(), 2);
+        for t in &closed {
+            assert!(t.closed);
+            assert_eq!(t.tool_definitions, a.summary.tool_definitions);
+            assert_eq!(
+                t.system_prompts.values().collect::<Vec<_>>(),
+                ["You are a helpful assistant."]
+            );
+            assert_eq!(
+                (t.models.as_slice(), t.call_types.as_slice()),
+                (&["m-1".to_owned()][..], &["main".to_owned()][..])
+            );
+        }
+        assert!(
+            h.deriver.state.shared.is_empty(),
+            "closed trajectories leave nothing shared behind"
+        );
     }
 
     #[test]

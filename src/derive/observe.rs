@@ -125,9 +125,9 @@ impl Trajectory {
             output_summary: Some(summarize(result.content)),
             error: result.is_error.then(|| "tool_error".to_owned()),
         });
-        let updated = step.clone();
+        let updated = (**step).clone();
         // A step with no open calls that is not the latest can no longer change.
-        if !self.open_calls.values().any(|i| *i == idx) && self.steps.keys().next_back() != Some(&idx) {
+        if !self.open_calls.values().any(|i| *i == idx) && self.newest_step() != Some(idx) {
             self.steps.remove(&idx);
         }
         Some(updated)

@@ -62,7 +62,7 @@ impl State {
         let helper_of_agent = self.trajectories.values().any(|t| {
             t.scope == scope
                 && t.purpose == Purpose::Main
-                && !t.summary.tool_definitions.is_empty()
+                && t.has_tool_definitions()
                 && t.last.as_ref().is_some_and(|l| l.system_hash() != sp.as_deref())
         });
         if helper_of_agent { Purpose::Side } else { Purpose::Main }
@@ -84,7 +84,7 @@ impl State {
         if let Some(c) = &call.conversation_id {
             return Some(c.clone());
         }
-        let session_of = |id: &str| self.trajectories.get(id).and_then(|t| t.summary.session_id.clone());
+        let session_of = |id: &str| self.trajectories.get(id).map(|t| t.session_id(id).to_owned());
         if let Some(s) = linked.iter().flatten().find_map(|id| session_of(id)) {
             return Some(s);
         }
@@ -92,16 +92,14 @@ impl State {
             let sp = call.system.as_deref().map(system_prompt_hash);
             return self
                 .trajectories
-                .values()
-                .filter(|t| {
+                .iter()
+                .filter(|(_, t)| {
                     t.purpose == Purpose::Main
-                        && t.summary.agent.as_deref() == agent
+                        && t.agent() == agent
                         && t.last.as_ref().is_some_and(|l| l.system_hash() == sp.as_deref())
                 })
-                .max_by(|a, b| {
-                    (a.last_seen_us, &a.summary.trajectory_id).cmp(&(b.last_seen_us, &b.summary.trajectory_id))
-                })
-                .and_then(|t| t.summary.session_id.clone());
+                .max_by(|(a_id, a), (b_id, b)| (a.last_seen_us, a_id).cmp(&(b.last_seen_us, b_id)))
+                .map(|(id, t)| t.session_id(id).to_owned());
         }
         None
     }

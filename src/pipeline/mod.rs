@@ -96,9 +96,11 @@ pub fn spawn(
                 if last_sweep.elapsed() >= tick {
                     last_sweep = std::time::Instant::now();
                     emit(&store, &metrics, live.as_ref(), deriver.close_idle(now));
+                    metrics.derive_open_trajectories.set(deriver.open_trajectories() as u64);
                 }
             }
             emit(&store, &metrics, live.as_ref(), deriver.close_all());
+            metrics.derive_open_trajectories.set(0);
         })
 }
 

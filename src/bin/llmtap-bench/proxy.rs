@@ -37,6 +37,8 @@ pub struct Scale {
     pub long_streams: usize,
     /// How many times the long-stream load runs (growth from one run to the next would be a leak).
     pub memory_runs: usize,
+    /// One-call conversations sent before the long-stream runs (`llmtap-bench memory`).
+    pub flood_calls: usize,
 }
 
 pub const FULL: Scale = Scale {
@@ -51,6 +53,7 @@ pub const FULL: Scale = Scale {
     stream_events: 200,
     long_streams: 1_000,
     memory_runs: 3,
+    flood_calls: 20_000,
 };
 
 pub const SMOKE: Scale = Scale {
@@ -65,6 +68,7 @@ pub const SMOKE: Scale = Scale {
     stream_events: 20,
     long_streams: 50,
     memory_runs: 1,
+    flood_calls: 500,
 };
 
 struct Proc {
@@ -136,8 +140,15 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// llmtap with capture on or off; with capture on, spans and metrics go to the OTLP receiver at `otlp`.
-fn start_llmtap(upstream: SocketAddr, capture: bool, otlp: Option<SocketAddr>, data_dir: &std::path::Path) -> Proc {
+/// llmtap with capture on or off; with capture on, spans and metrics go to the OTLP receiver at `otlp`. `extra`
+/// is appended to the generated config (TOML).
+fn start_llmtap(
+    upstream: SocketAddr,
+    capture: bool,
+    otlp: Option<SocketAddr>,
+    data_dir: &std::path::Path,
+    extra: &str,
+) -> Proc {
     let config = data_dir.join("bench.toml");
     let _ = std::fs::create_dir_all(data_dir);
     let export = otlp
@@ -146,7 +157,7 @@ fn start_llmtap(upstream: SocketAddr, capture: bool, otlp: Option<SocketAddr>, d
     let _ = std::fs::write(
         &config,
         format!(
-            "[capture]\nenabled = {capture}\n[api]\nlisten = \"off\"\n[viewer]\nlisten = \"off\"\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n{export}"
+            "[capture]\nenabled = {capture}\n[api]\nlisten = \"off\"\n[viewer]\nlisten = \"off\"\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n{export}{extra}"
         ),
     );
     let mut cmd = Command::new(exe_dir().join("llmtap"));
@@ -367,8 +378,8 @@ pub fn run(scale: &Scale, latency_only: bool) {
             return;
         }
     };
-    let tap_off = start_llmtap(upstream.addr, false, None, &dir.join("off"));
-    let tap_on = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir.join("on"));
+    let tap_off = start_llmtap(upstream.addr, false, None, &dir.join("off"), "");
+    let tap_on = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir.join("on"), "");
     std::thread::sleep(Duration::from_millis(300));
     let idle_rss = rss_kib(tap_on.child.id());
     let tap_on_addr = tap_on.addr;
@@ -749,28 +760,88 @@ fn long_stream_runs(rt: &tokio::runtime::Runtime, pid: u32, url: &str, scale: &S
     }
 }
 
-/// Memory alone (`llmtap-bench memory`): idle RSS, the long-stream runs, and RSS after a minute and after the
-/// upstream pool's 90 s idle timeout, to tell retained buffers from a leak.
+/// How long a trajectory stays open without calls in `llmtap-bench memory` (30 minutes by default): short
+/// enough that the run sees the trajectories it opened close, and RSS after they did.
+const MEMORY_IDLE_TIMEOUT_SECS: u64 = 60;
+
+/// Memory alone (`llmtap-bench memory`): idle RSS; a flood of `FLOOD_CALLS` one-call conversations (what open
+/// trajectories hold); the long-stream runs; RSS after a minute and after the upstream pool's 90 s idle timeout
+/// (by then every trajectory has closed: the run's idle timeout is `MEMORY_IDLE_TIMEOUT_SECS`), to tell
+/// retained buffers from a leak.
 pub fn memory(scale: &Scale) {
-    let Some(stack) = CaptureStack::start("memory") else {
+    let extra = format!("[derive]\nidle_timeout_secs = {MEMORY_IDLE_TIMEOUT_SECS}\n");
+    let Some(stack) = CaptureStack::start_with("memory", &extra) else {
         return;
     };
     std::thread::sleep(Duration::from_millis(300));
     let pid = stack.tap.child.id();
+    let idle = rss_kib(pid);
     println!(
-        "memory (llmtap, capture+store+OTLP on): idle RSS {:.1} MiB",
-        rss_kib(pid) as f64 / 1024.0
+        "memory (llmtap, capture+store+OTLP on; trajectories close after {MEMORY_IDLE_TIMEOUT_SECS} s idle): idle RSS {:.1} MiB",
+        idle as f64 / 1024.0
     );
+    flood(&stack, scale.flood_calls, idle);
     long_stream_runs(&stack.rt, pid, &stack.url, scale);
+    let open = |stack: &CaptureStack| stack.metric("llmtap_derive_open_trajectories ");
     for wait in [60u64, 35] {
         std::thread::sleep(Duration::from_secs(wait));
-        println!("  {wait} s later: RSS {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
+        println!(
+            "  {wait} s later: RSS {:.1} MiB, {} open trajectories",
+            rss_kib(pid) as f64 / 1024.0,
+            open(&stack)
+        );
     }
     // Freed memory that only the allocating thread can reclaim stays until that thread allocates again.
     let _ = stack.rt.block_on(latency(&stack.url, 500, 50));
     println!(
-        "  after 10 s of light traffic (50 req/s): RSS {:.1} MiB",
-        rss_kib(pid) as f64 / 1024.0
+        "  after 10 s of light traffic (50 req/s): RSS {:.1} MiB, {} open trajectories",
+        rss_kib(pid) as f64 / 1024.0,
+        open(&stack)
+    );
+}
+
+/// `n` one-call conversations (the ~2 KB chat completion, identical, so each is its own one-call trajectory) at
+/// 2,000 req/s open loop; once the pipeline has taken up everything captured, RSS against `idle_kib` per open
+/// trajectory (everything else the flood left behind, such as SQLite's page cache, is counted in too).
+fn flood(stack: &CaptureStack, n: usize, idle_kib: u64) {
+    let pid = stack.tap.child.id();
+    let t0 = Instant::now();
+    let answered = stack
+        .rt
+        .block_on(open_loop(&stack.url, &[chat_request_body()], n, 2_000));
+    let sent = t0.elapsed();
+    // Caught up: nothing waits in memory or on disk for the pipeline, and it processed nothing more for 500 ms.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut processed = u64::MAX;
+    while Instant::now() < deadline {
+        let now = stack.metric("llmtap_processed_total ");
+        if now == processed
+            && stack.metric("llmtap_capture_queue_bytes ") == 0
+            && stack.metric("llmtap_capture_spill_bytes ") == 0
+        {
+            break;
+        }
+        processed = now;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let caught_up = t0.elapsed();
+    // The pipeline closes trajectories over the open limit once a second and gives back freed pages after a
+    // second without work.
+    std::thread::sleep(Duration::from_secs(3));
+    let rss = rss_kib(pid);
+    let open = stack.metric("llmtap_derive_open_trajectories ");
+    let per = match open {
+        0 => "n/a (no llmtap_derive_open_trajectories)".to_owned(),
+        open => format!("{:.1} KiB", rss.saturating_sub(idle_kib) as f64 / open as f64),
+    };
+    println!(
+        "  flood: {n} one-call conversations at 2,000 req/s ({answered} answered in {:.1} s, pipeline caught up \
+         after {:.1} s, {} processed): RSS {:.1} MiB, {open} open trajectories, RSS over idle per open \
+         trajectory {per}",
+        sent.as_secs_f64(),
+        caught_up.as_secs_f64(),
+        stack.metric("llmtap_processed_total "),
+        rss as f64 / 1024.0,
     );
 }
 
@@ -795,11 +866,16 @@ impl CaptureStack {
     }
 
     pub fn start(mode: &str) -> Option<CaptureStack> {
+        CaptureStack::start_with(mode, "")
+    }
+
+    /// [`CaptureStack::start`] with `extra` appended to llmtap's config (TOML).
+    pub fn start_with(mode: &str, extra: &str) -> Option<CaptureStack> {
         let rt = super::servers::runtime().ok()?;
         let upstream = start_upstream();
         let (otlp_addr, spans) = super::servers::otlp_receiver().ok()?;
         let dir = std::env::temp_dir().join(format!("llmtap-bench-{mode}-{}", std::process::id()));
-        let tap = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir);
+        let tap = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir, extra);
         let url = format!("http://{}/bench/v1/chat/completions", tap.addr);
         Some(CaptureStack {
             rt,
