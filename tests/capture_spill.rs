@@ -44,7 +44,8 @@ async fn burst(tap: &Llmtap, f: &Fixture, n: usize) {
 /// three polls in a row (a handful of exchanges in the pipeline's hands take milliseconds, not 400 ms).
 fn wait_drained(tap: &Llmtap, dir: &Path, before: i64) {
     let deadline = Instant::now() + Duration::from_secs(180);
-    let mut still = (0, 0u64);
+    // Consecutive drained-looking polls, and the processed count they saw.
+    let (mut still, mut seen) = (0, None);
     loop {
         let m = tap.metrics();
         let get = |name: &str| {
@@ -59,16 +60,13 @@ fn wait_drained(tap: &Llmtap, dir: &Path, before: i64) {
             && processed + get("llmtap_capture_dropped_total ") >= get("llmtap_captured_total ");
         let committed = traces_in_db(dir);
         if idle && committed == before + processed as i64 {
-            still = if still.1 == processed {
-                (still.0 + 1, processed)
-            } else {
-                (1, processed)
-            };
-            if still.0 >= 3 {
+            still = if seen == Some(processed) { still + 1 } else { 1 };
+            seen = Some(processed);
+            if still >= 3 {
                 return;
             }
         } else {
-            still = (0, u64::MAX);
+            (still, seen) = (0, None);
         }
         assert!(
             Instant::now() < deadline,
@@ -204,24 +202,47 @@ impl Backlog {
             answered,
         }
     }
+
+    /// Stop llmtap with `stop` (the backlog must be on disk then) and start it again on the same data
+    /// directory: the new llmtap, and the traces the store held in between.
+    fn restart_after(mut self, stop: impl FnOnce(&mut Llmtap)) -> Restarted {
+        stop(&mut self.tap);
+        assert!(spill_files(self.dir.path()) > 0, "the backlog is on disk");
+        let before = traces_in_db(self.dir.path());
+        let tap = Llmtap::start(&self.config, self.dir.path());
+        Restarted {
+            _up: self._up,
+            dir: self.dir,
+            tap,
+            answered: self.answered,
+            before,
+        }
+    }
+}
+
+/// llmtap started again on a [`Backlog`]'s data directory.
+struct Restarted {
+    _up: Upstream,
+    dir: tempfile::TempDir,
+    tap: Llmtap,
+    answered: usize,
+    /// Traces in the store when it started.
+    before: i64,
 }
 
 /// (c) Stopped (SIGTERM) while the spill holds a backlog: stopping does not wait for the backlog, and the
 /// next start stores every exchange the clients got an answer for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_left_at_stop_is_stored_after_the_restart() {
-    let Backlog {
+    let Restarted {
         _up,
         dir,
-        config,
-        mut tap,
+        tap,
         answered,
-    } = Backlog::fill().await;
-    assert!(tap.terminate().success());
-    assert!(spill_files(dir.path()) > 0, "the backlog is on disk");
-    let before = traces_in_db(dir.path());
-
-    let tap = Llmtap::start(&config, dir.path());
+        before,
+    } = Backlog::fill()
+        .await
+        .restart_after(|tap| assert!(tap.terminate().success()));
     wait_drained(&tap, dir.path(), before);
     assert!(
         tap.metric("llmtap_processed_total") > 0,
@@ -238,18 +259,13 @@ async fn a_backlog_left_at_stop_is_stored_after_the_restart() {
 /// four-exchange handoff, the pipeline's pass (64) and the store's uncommitted batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_9_keeps_the_spilled_backlog() {
-    let Backlog {
+    let Restarted {
         _up,
         dir,
-        config,
-        mut tap,
+        tap,
         answered,
-    } = Backlog::fill().await;
-    tap.kill9();
-    let committed = traces_in_db(dir.path());
-    assert!(spill_files(dir.path()) > 0, "the backlog is on disk");
-
-    let tap = Llmtap::start(&config, dir.path());
+        before: committed,
+    } = Backlog::fill().await.restart_after(Llmtap::kill9);
     wait_drained(&tap, dir.path(), committed);
     let recovered = tap.metric("llmtap_processed_total") as i64;
     assert!(recovered > 0, "the backlog was processed after the restart");

@@ -181,9 +181,14 @@ mod tests {
             "a draining connection runs until it ends or is closed"
         );
         close.cancel();
+        ends(task, "close ends the connection").await;
+    }
+
+    /// Resolves once `task` has ended (at most 10 s).
+    async fn ends(task: tokio::task::JoinHandle<()>, what: &str) {
         tokio::time::timeout(Duration::from_secs(10), task)
             .await
-            .expect("close ends the connection")
+            .expect(what)
             .expect("task");
     }
 
@@ -198,10 +203,7 @@ mod tests {
             |_: Pin<&mut _>| {},
         ));
         end.cancel();
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("ends with its connection")
-            .expect("task");
+        ends(task, "ends with its connection").await;
 
         let idle = CancellationToken::new();
         let task = tokio::spawn(Supervised::new(
@@ -211,9 +213,6 @@ mod tests {
             |_: Pin<&mut _>| {},
         ));
         idle.cancel();
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("an idle connection is closed")
-            .expect("task");
+        ends(task, "an idle connection is closed").await;
     }
 }

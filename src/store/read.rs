@@ -719,6 +719,13 @@ mod tests {
         (dir, reader, trajectories)
     }
 
+    /// A read's ids, sorted (a failed read fails the test).
+    fn sorted<E: std::fmt::Display>(read: Result<impl Iterator<Item = String>, E>) -> Vec<String> {
+        let mut ids: Vec<String> = read.unwrap_or_else(|e| panic!("{e}")).collect();
+        ids.sort();
+        ids
+    }
+
     /// The ids a filter should return, from each table's own `session_id` and `trajectory_id` columns.
     fn expected(reader: &StoreReader, table: &str, id: &str, filter: &TraceFilter) -> Vec<String> {
         let sql = format!(
@@ -783,21 +790,9 @@ mod tests {
         ];
         let mut seen_s = 0;
         for filter in &filters {
-            let mut traces: Vec<String> = reader
-                .traces(filter)
-                .unwrap_or_else(|e| panic!("{e}"))
-                .into_iter()
-                .map(|t| t.id)
-                .collect();
-            traces.sort();
+            let traces = sorted(reader.traces(filter).map(|ts| ts.into_iter().map(|t| t.id)));
             assert_eq!(traces, expected(&reader, "traces", "id", filter), "{filter:?}");
-            let mut steps: Vec<String> = reader
-                .steps(filter)
-                .unwrap_or_else(|e| panic!("{e}"))
-                .into_iter()
-                .map(|s| s.step_id)
-                .collect();
-            steps.sort();
+            let steps = sorted(reader.steps(filter).map(|ss| ss.into_iter().map(|s| s.step_id)));
             assert_eq!(steps, expected(&reader, "steps", "step_id", filter), "{filter:?}");
             if filter.session.as_deref() == Some("S") && filter.since_us.is_none() && filter.until_us.is_none() {
                 // Two conversations and the unread call.

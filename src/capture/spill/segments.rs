@@ -184,14 +184,9 @@ impl Segments {
     /// spilled (the caller drops them) and the segment is closed: its tail may be torn and reading stops there,
     /// so the next record starts a clean segment.
     pub fn flush(&mut self) -> Result<(), SpillError> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let Some(w) = self.writer.as_mut() else {
-            // Records are only appended to an open segment; nothing to write them to.
-            let lost = self.pending.len() as u64;
-            self.pending.clear();
-            self.bytes -= lost;
+        // `append` opens the segment before it keeps a record, and every place that closes it writes or
+        // drops what is pending first: records are pending only while a segment is open.
+        let (Some(w), false) = (self.writer.as_mut(), self.pending.is_empty()) else {
             return Ok(());
         };
         let seq = w.seq;
