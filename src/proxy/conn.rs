@@ -1,9 +1,9 @@
 //! One client connection's task: the hyper connection, and what may end it early (idle too long, shutdown).
 //!
 //! The watchers (the idle timer, the shutdown and force-close tokens) are polled only when one of them woke the
-//! task. A `select!` over the connection and its watchers polled all of them each time the connection woke
-//! (several times per request), and hyper-util's graceful watcher added one more: together ~5 µs of CPU per
-//! proxied request on the bench VM (`perf record` of `llmtap-bench latency`).
+//! task. A `select!` over the connection and its watchers would poll all of them each time the connection
+//! wakes (several times per request), and hyper-util's graceful watcher adds one more: together ~5 µs of CPU
+//! per proxied request on the bench VM (`perf record` of `llmtap-bench latency`; docs/performance.md).
 
 use std::future::Future;
 use std::pin::Pin;
