@@ -111,6 +111,22 @@ impl StoreReader {
         Ok(StoreReader { conn })
     }
 
+    /// Run `f`'s reads in one read transaction: they see one snapshot, and SQLite takes its locks and checks
+    /// the WAL once instead of once per statement. A connection also drops its page cache when a statement
+    /// starts a read after the writer committed, which under a live writer is every statement; an exporter
+    /// building a batch of spans (a few lookups per entry) then read its index pages back from the file for
+    /// each of them. Only for bounded work: the open transaction holds back checkpoints until `f` returns.
+    pub fn in_snapshot<T>(&self, f: impl FnOnce(&Self) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        self.conn.execute_batch("BEGIN")?;
+        let result = f(self);
+        // A read transaction has nothing to keep: ending it cannot lose anything, so its own error is the one
+        // reported only when `f` succeeded.
+        let end = self.conn.execute_batch("COMMIT");
+        let value = result?;
+        end?;
+        Ok(value)
+    }
+
     /// Call `f` for each matching trace, oldest first, bodies included.
     ///
     /// Read in pages (see `Page`), and `f` runs between them with no read transaction open: a consumer that

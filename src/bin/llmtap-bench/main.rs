@@ -91,6 +91,13 @@ fn main() {
             let conns = rest.next().and_then(|s| s.parse().ok()).unwrap_or(32);
             proxy::saturate(&url, secs, conns);
         }
+        "pace" => {
+            let mut rest = args.iter().filter(|a| !a.starts_with("--")).skip(1);
+            let url = rest.next().cloned().unwrap_or_default();
+            let rate = rest.next().and_then(|s| s.parse().ok()).unwrap_or(1_000);
+            let secs = rest.next().and_then(|s| s.parse().ok()).unwrap_or(5.0);
+            proxy::pace(&url, rate, secs);
+        }
         "derive" => derive::run(calls),
         "derive-throughput" => derive::throughput(calls),
         "derive-steady" => derive::steady(calls),

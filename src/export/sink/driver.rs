@@ -236,19 +236,21 @@ impl<S: Sink> Driver<S> {
         let batch_size = self.cfg.batch_size;
         self.with_store(move |h| {
             let after = h.cursor.get()?;
-            let entries = h.reader.export_log(after, batch_size)?;
-            let Some(last_seq) = entries.last().map(|e| e.seq) else {
-                return Ok(None);
-            };
-            let pending = h.reader.export_pending(after)?;
-            let batch = sink.build(&h.reader, &entries)?;
-            Ok(Some(Read {
-                batch,
-                last_seq,
-                entries: entries.len() as u64,
-                pending,
-                full: entries.len() >= batch_size,
-            }))
+            h.reader.in_snapshot(|reader| {
+                let entries = reader.export_log(after, batch_size)?;
+                let Some(last_seq) = entries.last().map(|e| e.seq) else {
+                    return Ok(None);
+                };
+                let pending = reader.export_pending(after)?;
+                let batch = sink.build(reader, &entries)?;
+                Ok(Some(Read {
+                    batch,
+                    last_seq,
+                    entries: entries.len() as u64,
+                    pending,
+                    full: entries.len() >= batch_size,
+                }))
+            })
         })
         .await
     }
