@@ -395,13 +395,13 @@ impl StoreReader {
         Ok(entries)
     }
 
-    /// How many export-log entries lie after `after` (a sink's lag).
+    /// How many export-log entries lie after `after` (a sink's lag): the head's seq minus the cursor's. Seqs
+    /// are written dense (AUTOINCREMENT; a rolled-back batch takes its seqs back with it), so this is the count,
+    /// except that entries retention deleted before they were exported still count until the cursor passes
+    /// them. The exporter asks once per batch; a `COUNT(*)` visited every pending row each time, which during
+    /// a large backlog (a spill being drained) was hundreds of thousands of rows per batch.
     pub fn export_pending(&self, after: ExportSeq) -> Result<u64, StoreError> {
-        let n: i64 = self
-            .conn
-            .prepare_cached("SELECT COUNT(*) FROM export_log WHERE seq > ?1")?
-            .query_row([after.0], |r| r.get(0))?;
-        Ok(n.max(0) as u64)
+        Ok(self.export_head()?.0.saturating_sub(after.0).max(0) as u64)
     }
 
     pub fn export_head(&self) -> Result<ExportSeq, StoreError> {
@@ -663,6 +663,10 @@ impl Cursor {
     /// what it evicts before every registered sink exported it, including a sink that never delivered a batch.
     pub fn open(data_dir: &Path, sink: &str) -> Result<Cursor, StoreError> {
         let conn = super::open(data_dir)?;
+        // Checkpoints are the writer's (`store::write`, every few thousand WAL pages). With SQLite's default
+        // here, nearly every cursor commit under load found the WAL past 1,000 pages and ran one itself, on the
+        // exporter's thread, copying hot pages to the database file far more often than the writer does.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.execute("INSERT OR IGNORE INTO cursors (sink, seq) VALUES (?1, 0)", [sink])?;
         Ok(Cursor {
             conn,
@@ -835,6 +839,59 @@ mod tests {
 
     /// Lookups by id keep their prepared statement from one id to the next (see `store::stable_plans`): without
     /// it, each new bound value made SQLite parse and plan the query again.
+    #[test]
+    fn export_pending_counts_the_entries_after_each_cursor_position() {
+        let (_dir, reader, _) = sessions_store();
+        let entries = reader.export_log(ExportSeq(0), 1_000).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            entries.len() >= 3,
+            "the store has several export-log entries: {entries:?}"
+        );
+        for after in [
+            0,
+            1,
+            entries.len() as i64 / 2,
+            entries.len() as i64,
+            entries.len() as i64 + 5,
+        ] {
+            let counted = entries.iter().filter(|e| e.seq.0 > after).count() as u64;
+            let pending = reader
+                .export_pending(ExportSeq(after))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(pending, counted, "entries after {after}");
+        }
+    }
+
+    #[test]
+    fn a_cursor_leaves_checkpoints_to_the_writer() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let cursor = Cursor::open(dir.path(), "sink").unwrap_or_else(|e| panic!("{e}"));
+        let pages: i64 = cursor
+            .conn
+            .pragma_query_value(None, "wal_autocheckpoint", |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(pages, 0, "a cursor commit never runs a checkpoint");
+        cursor.set(ExportSeq(7)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cursor.get().unwrap_or_else(|e| panic!("{e}")), ExportSeq(7));
+    }
+
+    #[test]
+    fn reads_in_a_snapshot_do_not_see_a_commit_made_meanwhile() {
+        let (dir, reader, _) = sessions_store();
+        let before = reader.export_head().unwrap_or_else(|e| panic!("{e}"));
+        let (inside, later) = reader
+            .in_snapshot(|r| {
+                let first = r.export_head()?;
+                let writer = super::super::open(dir.path())?;
+                writer.execute("INSERT INTO export_log (kind, ref) VALUES ('chat', 'x')", [])?;
+                Ok((first, r.export_head()?))
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((inside, later), (before, before), "one snapshot for the whole closure");
+        let after = reader.export_head().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(after.0, before.0 + 1, "the next read sees the commit");
+    }
+
     #[test]
     fn lookups_by_id_are_not_prepared_again_for_each_id() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
