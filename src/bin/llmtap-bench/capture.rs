@@ -207,6 +207,10 @@ pub fn lossless(smoke: bool) {
             "lossless capture rate, {label} ({} B request), capture + store + OTLP on, {secs} s per rate:",
             bodies[0].len()
         );
+        println!(
+            "  (CPU by thread, from the step's start until its backlog is drained: tokio-rt-worker is the proxy's \
+             workers, tokio-rt-worker (background) the exporter's store reads)"
+        );
         let mut best = None;
         // The highest rate the pipeline took without the spill: the steady processing rate (the spill absorbs
         // a burst above it, it does not raise it).
@@ -215,6 +219,7 @@ pub fn lossless(smoke: bool) {
         let mut seen_spilled = 0;
         for &rate in &rates {
             let n = (rate as f64 * secs) as usize;
+            let cpu_before = ThreadCpu::of(&stack.pid().to_string());
             let t0 = Instant::now();
             // The spill backlog's peak during the step (sampled every 50 ms while the load runs).
             let running = std::sync::atomic::AtomicBool::new(true);
@@ -265,6 +270,11 @@ pub fn lossless(smoke: bool) {
                 "           spill: {spilled} exchanges spilled, peak backlog {:.1} MB, drained {drained:.1} s after the load",
                 peak_spill as f64 / 1e6
             );
+            // Until the drain: the export of the step's last batches may still be running.
+            println!(
+                "           llmtap CPU per exchange by thread: {}",
+                ThreadCpu::of(&stack.pid().to_string()).per_exchange_since(&cpu_before, n)
+            );
             if dropped > 0 {
                 break;
             }
@@ -275,35 +285,84 @@ pub fn lossless(smoke: bool) {
                 println!("  (the proxy cannot carry this rate here: capture kept up with its saturation)");
                 break;
             }
-            best = Some(rate);
+            best = Some((rate, achieved));
         }
-        let report = |what: String, rate: Option<u64>| match rate {
-            Some(r) => println!("  {what}: {} exchanges/s", fmt_rate(r as f64)),
-            None => println!("  {what}: below {} exchanges/s", fmt_rate(rates[0] as f64)),
-        };
-        report(format!("lossless capture rate ({secs} s bursts; with the spill)"), best);
-        report("steady rate (highest without spilling)".into(), best_unspilled);
+        let below = format!("below {} exchanges/s", fmt_rate(rates[0] as f64));
+        let lossless = best.map_or(below.clone(), |(rate, achieved)| {
+            format!(
+                "{} exchanges/s offered, {} achieved",
+                fmt_rate(rate as f64),
+                fmt_rate(achieved)
+            )
+        });
+        println!("  lossless capture rate ({secs} s bursts; with the spill): {lossless}");
+        let steady = best_unspilled.map_or(below, |rate| format!("{} exchanges/s", fmt_rate(rate as f64)));
+        println!("  steady rate (highest without spilling): {steady}");
     }
 }
 
-/// CPU time (user + system) of this process's threads named `name`, in microseconds.
+/// CPU time (user + system) of this process's threads named `name`, in microseconds, whatever their priority.
 fn thread_cpu_us(name: &str) -> u64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    let tick_us = 1_000_000 / 100; // USER_HZ is 100 on Linux
-    tasks
-        .flatten()
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
-        .filter_map(|stat| {
-            // Fields after the command name's closing parenthesis: utime and stime are the 12th and 13th.
-            let rest = stat.rsplit_once(')')?.1;
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-        })
-        .sum::<u64>()
-        * tick_us
+    let cpu = ThreadCpu::of("self");
+    cpu.get(name) + cpu.get(&format!("{name} (background)"))
+}
+
+/// CPU time (user + system, µs) of a process's threads by role: the thread's name, with ` (background)` added
+/// for a thread at `SCHED_IDLE`. llmtap's tokio threads share one name; its proxy workers run at normal
+/// priority and its blocking-pool threads (the exporter's store reads) at `SCHED_IDLE`, so the suffix tells
+/// them apart.
+#[derive(Default)]
+pub struct ThreadCpu(std::collections::BTreeMap<String, u64>);
+
+impl ThreadCpu {
+    /// `pid`: a process id, or "self".
+    pub fn of(pid: &str) -> ThreadCpu {
+        const SCHED_IDLE: u64 = 5;
+        let tick_us = 1_000_000 / 100; // USER_HZ is 100 on Linux
+        let mut by_role = std::collections::BTreeMap::new();
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return ThreadCpu(by_role);
+        };
+        for task in tasks.flatten() {
+            let (Ok(comm), Ok(stat)) = (
+                std::fs::read_to_string(task.path().join("comm")),
+                std::fs::read_to_string(task.path().join("stat")),
+            ) else {
+                continue;
+            };
+            // Fields after the command name's closing parenthesis: utime and stime are the 12th and 13th,
+            // the scheduling policy the 39th.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            let fields: Vec<u64> = rest.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
+            let (Some(utime), Some(stime)) = (fields.get(11), fields.get(12)) else {
+                continue;
+            };
+            let mut role = comm.trim().to_owned();
+            if fields.get(38) == Some(&SCHED_IDLE) {
+                role.push_str(" (background)");
+            }
+            *by_role.entry(role).or_default() += (utime + stime) * tick_us;
+        }
+        ThreadCpu(by_role)
+    }
+
+    pub fn get(&self, role: &str) -> u64 {
+        self.0.get(role).copied().unwrap_or(0)
+    }
+
+    /// "role µs, ..." per `per` exchanges, for every role that used CPU since `before`.
+    pub fn per_exchange_since(&self, before: &ThreadCpu, per: usize) -> String {
+        self.0
+            .iter()
+            .filter_map(|(role, &now)| {
+                let used = now.saturating_sub(before.get(role));
+                (used > 0).then(|| format!("{role} {:.0} µs", used as f64 / per.max(1) as f64))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// `store-rate`: `n` exchanges through the real pipeline and store writer as fast as they take them, for the

@@ -900,6 +900,11 @@ impl CaptureStack {
         CaptureStack::start_with(mode, "")
     }
 
+    /// The llmtap process's id.
+    pub fn pid(&self) -> u32 {
+        self.tap.child.id()
+    }
+
     /// [`CaptureStack::start`] with `extra` appended to llmtap's config (TOML).
     pub fn start_with(mode: &str, extra: &str) -> Option<CaptureStack> {
         let rt = super::servers::runtime().ok()?;
