@@ -109,7 +109,8 @@ fn main() {
         "store-rate" => capture::store_rate(if smoke { 2_000 } else { 50_000 }),
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
         other => eprintln!(
-            "unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec, viewer, bytes, lossless"
+            "unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec, viewer, bytes, lossless, \
+             store-rate, saturate URL [SECS] [CONNS], pace URL [RATE] [SECS]"
         ),
     }
 }
