@@ -113,9 +113,9 @@ impl StoreReader {
 
     /// Run `f`'s reads in one read transaction: they see one snapshot, and SQLite takes its locks and checks
     /// the WAL once instead of once per statement. A connection also drops its page cache when a statement
-    /// starts a read after the writer committed, which under a live writer is every statement; an exporter
-    /// building a batch of spans (a few lookups per entry) then read its index pages back from the file for
-    /// each of them. Only for bounded work: the open transaction holds back checkpoints until `f` returns.
+    /// starts a read after the writer committed, which under a live writer is every statement: an exporter
+    /// building a batch of spans (a few lookups per entry) would read its index pages back from the file for
+    /// each lookup. Only for bounded work: the open transaction holds back checkpoints until `f` returns.
     pub fn in_snapshot<T>(&self, f: impl FnOnce(&Self) -> Result<T, StoreError>) -> Result<T, StoreError> {
         self.conn.execute_batch("BEGIN")?;
         let result = f(self);
@@ -663,9 +663,10 @@ impl Cursor {
     /// what it evicts before every registered sink exported it, including a sink that never delivered a batch.
     pub fn open(data_dir: &Path, sink: &str) -> Result<Cursor, StoreError> {
         let conn = super::open(data_dir)?;
-        // Checkpoints are the writer's (`store::write`, every few thousand WAL pages). With SQLite's default
-        // here, nearly every cursor commit under load found the WAL past 1,000 pages and ran one itself, on the
-        // exporter's thread, copying hot pages to the database file far more often than the writer does.
+        // Checkpoints are the writer's (`store::write`, every `WRITER_CHECKPOINT_PAGES` WAL pages). With SQLite's
+        // default here (1,000 pages), nearly every cursor commit under load would find the WAL past that and run
+        // one itself, on the exporter's thread, copying hot pages to the database file far more often than the
+        // writer does.
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.execute("INSERT OR IGNORE INTO cursors (sink, seq) VALUES (?1, 0)", [sink])?;
         Ok(Cursor {
@@ -837,8 +838,6 @@ mod tests {
         }
     }
 
-    /// Lookups by id keep their prepared statement from one id to the next (see `store::stable_plans`): without
-    /// it, each new bound value made SQLite parse and plan the query again.
     #[test]
     fn export_pending_counts_the_entries_after_each_cursor_position() {
         let (_dir, reader, _) = sessions_store();
@@ -892,6 +891,8 @@ mod tests {
         assert_eq!(after.0, before.0 + 1, "the next read sees the commit");
     }
 
+    /// Lookups by id keep their prepared statement from one id to the next (see `store::stable_plans`): without
+    /// it, each new bound value made SQLite parse and plan the query again.
     #[test]
     fn lookups_by_id_are_not_prepared_again_for_each_id() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));

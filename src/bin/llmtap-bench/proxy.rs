@@ -264,9 +264,9 @@ const OPEN_LOOP_CONNS: usize = 64;
 /// `n` requests open loop at `rate`, cycling through `bodies`: how many were answered.
 ///
 /// Request `i` is due at `i / rate` after the start and goes out on connection `i % OPEN_LOOP_CONNS`, whose task
-/// sends it when due (at once when it is late). Every task runs on the bench runtime's one worker: a schedule
-/// driven from the `block_on` thread with a spawn per request cost a cross-thread wake per request and could
-/// not offer more than ~9k req/s on 2 cores, even to the upstream directly.
+/// sends it when due (at once when it is late). Every task runs on the bench runtime's one worker. A schedule
+/// driven from the `block_on` thread with a spawn per request costs a cross-thread wake per request: on 2 cores
+/// it cannot offer more than ~9k req/s, even to the upstream directly.
 pub async fn open_loop(url: &str, bodies: &[Bytes], n: usize, rate: u64) -> usize {
     let client = client(OPEN_LOOP_CONNS);
     let start = tokio::time::Instant::now();
