@@ -151,6 +151,44 @@ pub struct StepTimings {
     pub time_to_first_token_ms: Option<f64>,
 }
 
+/// What an agent step adds to its call's span (`export::otlp::spans`). Deserialized from a stored step on its
+/// own, it passes over the content, tool calls and observations (most of a step's bytes) without building them:
+/// the exporter reads one per exported call.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct StepSpanFacts {
+    pub step_index: u32,
+    #[serde(default)]
+    pub agent_role: Option<String>,
+    #[serde(default)]
+    pub call_type: Option<CallType>,
+    #[serde(default)]
+    pub purpose: Option<Purpose>,
+    pub token_usage: PrefixReuse,
+}
+
+/// The part of a step's [`TokenUsage`] its span carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct PrefixReuse {
+    pub prefix_reuse_tokens: u64,
+    #[serde(default)]
+    pub prefix_reuse_estimated: bool,
+}
+
+impl From<&Step> for StepSpanFacts {
+    fn from(s: &Step) -> Self {
+        StepSpanFacts {
+            step_index: s.step_index,
+            agent_role: s.agent_role.clone(),
+            call_type: s.call_type,
+            purpose: s.purpose,
+            token_usage: PrefixReuse {
+                prefix_reuse_tokens: s.token_usage.prefix_reuse_tokens,
+                prefix_reuse_estimated: s.token_usage.prefix_reuse_estimated,
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Step {
     /// `<trajectory_id>/<step_index>`: stable across replicas.

@@ -14,7 +14,7 @@ use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings};
 use crate::model::json::JsonText;
 use crate::model::record::{ExportEntry, ExportKind, ExportSeq};
-use crate::model::step::{Step, TrajectorySummary};
+use crate::model::step::{Step, StepSpanFacts, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::telemetry::Metrics;
 use rust_decimal::Decimal;
@@ -332,7 +332,8 @@ impl StoreReader {
         }
     }
 
-    fn step_where(&self, column: &str, value: &str) -> Result<Option<Step>, StoreError> {
+    /// The first agent step whose `column` is `value`, deserialized as `T` (a [`Step`], or a part of one).
+    fn step_where<T: serde::de::DeserializeOwned>(&self, column: &str, value: &str) -> Result<Option<T>, StoreError> {
         let sql =
             format!("SELECT step_id, body FROM steps WHERE {column} = ?1 AND role = 'agent' ORDER BY seq LIMIT 1");
         let mut stmt = self.conn.prepare_cached(&sql)?;
@@ -355,20 +356,62 @@ impl StoreReader {
         self.step_where("trace_id", trace_id)
     }
 
+    /// What the agent step derived from a provider trace adds to the trace's span (see [`StepSpanFacts`]).
+    pub fn step_span_facts_for_trace(&self, trace_id: &str) -> Result<Option<StepSpanFacts>, StoreError> {
+        self.step_where("trace_id", trace_id)
+    }
+
     pub fn step(&self, step_id: &str) -> Result<Option<Step>, StoreError> {
         self.step_where("step_id", step_id)
     }
 
-    /// One trajectory by id (a primary-key lookup: the exporter asks once per span for the parent chain).
+    /// One trajectory by id, with its system prompts and tool definitions.
     pub fn trajectory(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(
+        self.trajectory_with(
             "SELECT trajectory_id, body, system_prompts, tool_definitions FROM trajectories WHERE trajectory_id = ?1",
-        )?;
+            id,
+        )
+    }
+
+    /// One trajectory by id without its system prompts and tool definitions (left empty): what its agent span
+    /// needs. An agent's tool definitions can be tens of kilobytes of JSON.
+    pub fn trajectory_without_heavy_parts(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
+        self.trajectory_with(
+            "SELECT trajectory_id, body, NULL, NULL FROM trajectories WHERE trajectory_id = ?1",
+            id,
+        )
+    }
+
+    fn trajectory_with(&self, sql: &str, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(sql)?;
         let mut rows = stmt.query([id])?;
         match rows.next()? {
             Some(row) => Ok(Some(summary_from_row(row)?)),
             None => Ok(None),
         }
+    }
+
+    /// The trajectory a trajectory hangs under (`parent_trajectory_id`), read from its row alone. Outer None: no
+    /// such trajectory. The exporter walks this chain once per trajectory to find the trace a span belongs to.
+    pub fn parent_trajectory(&self, id: &str) -> Result<Option<Option<String>>, StoreError> {
+        #[derive(serde::Deserialize)]
+        struct Parent {
+            #[serde(default)]
+            parent_trajectory_id: Option<String>,
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT body FROM trajectories WHERE trajectory_id = ?1")?;
+        let body: Option<String> = stmt.query_row([id], |r| r.get(0)).optional()?;
+        body.map(|b| {
+            serde_json::from_str::<Parent>(&b)
+                .map(|p| p.parent_trajectory_id)
+                .map_err(|e| StoreError::Corrupt {
+                    id: id.to_owned(),
+                    what: e.to_string(),
+                })
+        })
+        .transpose()
     }
 
     /// Export log entries after `after`, oldest first, at most `limit` rows read.
@@ -836,6 +879,78 @@ mod tests {
             assert!(!plan.contains(&format!("SCAN {alias}")), "{plan}");
             assert!(plan.contains("trajectories_session_start"), "{plan}");
         }
+    }
+
+    /// The exporter's partial reads give what the whole records hold: the span facts of an agent step with
+    /// content, tool calls and every span field set; a trajectory's parent; a trajectory without its prompts and
+    /// tool definitions.
+    #[test]
+    fn the_exporters_partial_reads_agree_with_the_whole_records() {
+        use crate::derive::testkit::{Harness, call, calls_out, tool_call, trace, user};
+        use crate::model::call::ToolDef;
+        use crate::model::record::Record;
+        use crate::model::step::{CallType, Purpose, StepRole};
+        let mut h = Harness::new(Api::OpenAiChat);
+        let c = tool_call("c1", "read", serde_json::json!({ "path": "a \"quoted\" path" }));
+        let mut call = call("agent", vec![user("fix the bug")], calls_out(std::slice::from_ref(&c)));
+        call.system = Some("You are careful.".into());
+        call.tools = vec![ToolDef {
+            name: "read".into(),
+            description: Some("reads a file".into()),
+            parameters: None,
+        }];
+        let mut records = h.deriver.observe(trace(h.api, h.now, h.now + 1_000), Some(call));
+        let mut trace_id = None;
+        let mut trajectory_id = None;
+        for r in &mut records {
+            match r {
+                Record::Step(st) if st.role == StepRole::Agent => {
+                    trace_id = st.provider_trace_id.clone();
+                    st.agent_role = Some("reviewer".into());
+                    st.call_type = Some(CallType::Subagent);
+                    st.purpose = Some(Purpose::Title);
+                    st.token_usage.prefix_reuse_tokens = 1234;
+                    st.token_usage.prefix_reuse_estimated = true;
+                }
+                Record::Trajectory(t) => {
+                    trajectory_id = Some(t.trajectory_id.clone());
+                    t.parent_trajectory_id = Some("tr_parent".into());
+                }
+                _ => {}
+            }
+        }
+        let (Some(trace_id), Some(trajectory_id)) = (trace_id, trajectory_id) else {
+            panic!("no agent step or trajectory in {records:#?}")
+        };
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = super::super::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        super::super::write::write_batch(&mut conn, &records, &mut super::super::chunks::ChunkCache::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let reader = StoreReader::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        fn ok<T>(r: Result<T, StoreError>) -> T {
+            r.unwrap_or_else(|e| panic!("{e}"))
+        }
+
+        let whole = ok(reader.step_for_trace(&trace_id)).unwrap_or_else(|| panic!("no step"));
+        assert!(whole.content.is_some() || !whole.tool_calls.is_empty(), "{whole:#?}");
+        let facts = ok(reader.step_span_facts_for_trace(&trace_id)).unwrap_or_else(|| panic!("no facts"));
+        assert_eq!(facts, StepSpanFacts::from(&whole));
+        assert_eq!(facts.token_usage.prefix_reuse_tokens, 1234);
+        assert_eq!(facts.agent_role.as_deref(), Some("reviewer"));
+        assert_eq!(ok(reader.step_span_facts_for_trace("no such trace")), None);
+
+        let full = ok(reader.trajectory(&trajectory_id)).unwrap_or_else(|| panic!("no trajectory"));
+        assert!(
+            !full.system_prompts.is_empty() && !full.tool_definitions.is_empty(),
+            "{full:#?}"
+        );
+        assert_eq!(
+            ok(reader.parent_trajectory(&trajectory_id)),
+            Some(Some("tr_parent".to_owned()))
+        );
+        assert_eq!(ok(reader.parent_trajectory("tr_none")), None);
+        let light = ok(reader.trajectory_without_heavy_parts(&trajectory_id)).unwrap_or_else(|| panic!("none"));
+        assert_eq!(light, full.without_heavy_parts());
     }
 
     #[test]

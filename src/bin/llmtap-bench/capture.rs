@@ -368,8 +368,10 @@ impl ThreadCpu {
 /// `store-rate`: `n` exchanges through the real pipeline and store writer as fast as they take them, for the
 /// lossless bench's two workloads: the same ~2 KB chat completion each time (every call its own one-call
 /// trajectory) and ~30 KB agent requests of 100 sessions in turn. Prints exchanges per second until every
-/// trajectory is closed and stored, and the CPU the pipeline and store threads spent per exchange.
-pub fn store_rate(n: usize) {
+/// exchange is processed and stored, and the CPU the pipeline and store threads spent per exchange. With
+/// `rounds` > 1 each workload runs that many times into the same store, one line per round: how the writer's
+/// cost grows with what the store already holds.
+pub fn store_rate(n: usize, rounds: usize) {
     let request = String::from_utf8_lossy(&super::servers::chat_request_body()).into_owned();
     let response = String::from_utf8_lossy(&super::servers::chat_completion_body()).into_owned();
     let agent: Vec<String> = (0..100).map(|s| agent_request(s, 20)).collect();
@@ -392,44 +394,55 @@ pub fn store_rate(n: usize) {
         let Some(stack) = InProcess::start(&dir, &metrics) else {
             return;
         };
-        let bodies: Vec<(String, String)> = (0..n).map(&make).collect();
-        let (pipe0, store0) = (thread_cpu_us("llmtap-pipeline"), thread_cpu_us("llmtap-store"));
-        let t0 = Instant::now();
-        for (i, (req, resp)) in bodies.into_iter().enumerate() {
-            // Stay within the capture queue's bounds: nothing may be dropped.
-            while i as u64 - metrics.processed.get() >= 2_000 {
-                std::thread::sleep(Duration::from_micros(200));
+        for round in 0..rounds.max(1) {
+            let first = round * n;
+            let bodies: Vec<(String, String)> = (first..first + n).map(&make).collect();
+            let (pipe0, store0) = (thread_cpu_us("llmtap-pipeline"), thread_cpu_us("llmtap-store"));
+            let stored0 = metrics.stored.get();
+            let t0 = Instant::now();
+            for (i, (req, resp)) in (first..).zip(bodies) {
+                // Stay within the capture queue's bounds: nothing may be dropped.
+                while i as u64 - metrics.processed.get() >= 2_000 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                stack
+                    .tx
+                    .try_send(exchange(i as u128 + 1, req, resp, llmtap::capture::now_micros()));
             }
-            stack
-                .tx
-                .try_send(exchange(i as u128 + 1, req, resp, llmtap::capture::now_micros()));
-        }
-        // Until every exchange is processed and its records are committed (the store count stops moving).
-        let mut stored = metrics.stored.get();
-        loop {
-            std::thread::sleep(Duration::from_millis(100));
-            let now = metrics.stored.get();
-            if metrics.processed.get() >= n as u64 && now == stored {
-                break;
+            // Until every exchange is processed and its records are committed (the store count stops moving).
+            let mut stored = metrics.stored.get();
+            loop {
+                std::thread::sleep(Duration::from_millis(100));
+                let now = metrics.stored.get();
+                if metrics.processed.get() >= (first + n) as u64 && now == stored {
+                    break;
+                }
+                stored = now;
             }
-            stored = now;
+            let secs = (t0.elapsed() - Duration::from_millis(100)).as_secs_f64();
+            let (pipe1, store1) = (thread_cpu_us("llmtap-pipeline"), thread_cpu_us("llmtap-store"));
+            let per = |a: u64, b: u64| (b - a) as f64 / n as f64;
+            let held = if rounds > 1 {
+                format!(" [round {}: {first} exchanges stored before]", round + 1)
+            } else {
+                String::new()
+            };
+            println!(
+                "store rate, {label}{held}: {n} exchanges in {secs:.2} s = {} exchanges/s ({} dropped, {:.1} \
+                 records each); CPU per exchange: pipeline {:.0} µs, store {:.0} µs",
+                fmt_rate(n as f64 / secs),
+                metrics.capture_dropped.get(),
+                (stored - stored0) as f64 / n as f64,
+                per(pipe0, pipe1),
+                per(store0, store1),
+            );
         }
-        let secs = (t0.elapsed() - Duration::from_millis(100)).as_secs_f64();
-        let (pipe1, store1) = (thread_cpu_us("llmtap-pipeline"), thread_cpu_us("llmtap-store"));
         // Closing the trajectories still open (up to the open limit) happens at shutdown: timed apart.
         let t1 = Instant::now();
         stack.finish();
-        let per = |a: u64, b: u64| (b - a) as f64 / n as f64;
         println!(
-            "store rate, {label}: {n} exchanges in {secs:.2} s = {} exchanges/s ({} dropped, {:.1} records \
-             each); CPU per exchange: pipeline {:.0} µs, store {:.0} µs; closing the open trajectories at \
-             shutdown {:.2} s",
-            fmt_rate(n as f64 / secs),
-            metrics.capture_dropped.get(),
-            stored as f64 / n as f64,
-            per(pipe0, pipe1),
-            per(store0, store1),
-            t1.elapsed().as_secs_f64(),
+            "  closing the open trajectories at shutdown: {:.2} s",
+            t1.elapsed().as_secs_f64()
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -60,7 +60,7 @@ fn main() {
             viewer_run(smoke);
             capture::bytes_per_call(100);
             capture::lossless(smoke);
-            capture::store_rate(if smoke { 2_000 } else { 50_000 });
+            capture::store_rate(if smoke { 2_000 } else { 50_000 }, 1);
         }
         "proxy" => proxy::run(scale, false),
         "latency" => proxy::run(scale, true),
@@ -106,11 +106,16 @@ fn main() {
         "viewer" => viewer_run(smoke),
         "bytes" => capture::bytes_per_call(100),
         "lossless" => capture::lossless(smoke),
-        "store-rate" => capture::store_rate(if smoke { 2_000 } else { 50_000 }),
+        "store-rate" => {
+            let mut rest = args.iter().filter(|a| !a.starts_with("--")).skip(1);
+            let n = rest.next().and_then(|s| s.parse().ok());
+            let rounds = rest.next().and_then(|s| s.parse().ok()).unwrap_or(1);
+            capture::store_rate(n.unwrap_or(if smoke { 2_000 } else { 50_000 }), rounds)
+        }
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
         other => eprintln!(
             "unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec, viewer, bytes, lossless, \
-             store-rate, saturate URL [SECS] [CONNS], pace URL [RATE] [SECS]"
+             store-rate [N] [ROUNDS], saturate URL [SECS] [CONNS], pace URL [RATE] [SECS]"
         ),
     }
 }

@@ -941,6 +941,7 @@ pub fn export(n: usize) {
         return;
     };
     let spans = &stack.spans;
+    let cpu_before = super::capture::ThreadCpu::of(&stack.pid().to_string());
     let t0 = std::time::Instant::now();
     let _ = stack.rt.block_on(latency(&stack.url, n, 2000));
     let sent = t0.elapsed();
@@ -961,5 +962,9 @@ pub fn export(n: usize) {
         after,
         received() as f64 / total.as_secs_f64(),
         (received() - at_end_of_traffic) as f64 / after.max(0.001)
+    );
+    println!(
+        "  llmtap CPU per call by thread (tokio-rt-worker (background) is the exporter's store reads): {}",
+        super::capture::ThreadCpu::of(&stack.pid().to_string()).per_exchange_since(&cpu_before, n)
     );
 }

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::model::call::{Message, NormalizedCall, Part, Role};
 use crate::model::record::ExportKind;
-use crate::model::step::{Step, TrajectorySummary};
+use crate::model::step::{Step, StepSpanFacts, TrajectorySummary};
 use crate::model::trace::{CallFacts, ProviderTrace};
 use crate::provider::{CallContext, adapter_for};
 use crate::semconv as sc;
@@ -203,7 +203,7 @@ fn content_attributes(attrs: &mut Vec<KeyValue>, c: &NormalizedCall) {
 }
 
 /// What derivation knows about the call's step.
-fn step_attributes(attrs: &mut Vec<KeyValue>, st: &Step) {
+fn step_attributes(attrs: &mut Vec<KeyValue>, st: &StepSpanFacts) {
     attrs.push(i(sc::LLMTAP_STEP_INDEX, st.step_index as u64));
     if let Some(ct) = st.call_type {
         attrs.push(s(sc::LLMTAP_CALL_TYPE, ct.as_str()));
@@ -269,9 +269,7 @@ impl<'a> SpanBuilder<'a> {
             return Ok(r.clone());
         }
         let reader = self.reader;
-        let cur = root_trajectory(trajectory, |t| {
-            Ok(reader.trajectory(t)?.and_then(|t| t.parent_trajectory_id))
-        })?;
+        let cur = root_trajectory(trajectory, |t| Ok(reader.parent_trajectory(t)?.flatten()))?;
         self.roots.insert(trajectory.to_owned(), cur.clone());
         Ok(cur)
     }
@@ -291,21 +289,21 @@ impl<'a> SpanBuilder<'a> {
                         None => return Ok(Vec::new()),
                     }
                 }
-                let step = self.reader.step_for_trace(reference)?;
+                let step = self.reader.step_span_facts_for_trace(reference)?;
                 Ok(vec![self.chat_span(&trace, step.as_ref())?])
             }
             ExportKind::Tools => match self.reader.step(reference)? {
                 Some(step) => self.tool_spans(&step),
                 None => Ok(Vec::new()),
             },
-            ExportKind::Agent => match self.reader.trajectory(reference)? {
+            ExportKind::Agent => match self.reader.trajectory_without_heavy_parts(reference)? {
                 Some(t) => Ok(vec![self.agent_span(&t)?]),
                 None => Ok(Vec::new()),
             },
         }
     }
 
-    fn chat_span(&mut self, trace: &ProviderTrace, step: Option<&Step>) -> Result<Span, StoreError> {
+    fn chat_span(&mut self, trace: &ProviderTrace, step: Option<&StepSpanFacts>) -> Result<Span, StoreError> {
         let content: Option<NormalizedCall> = if self.capture_content || trace.facts.is_none() {
             adapter_for(trace.api).and_then(|a| {
                 let path = trace.path.split('?').next().unwrap_or(&trace.path);
