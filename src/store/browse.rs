@@ -194,7 +194,8 @@ impl StoreReader {
         Ok(out)
     }
 
-    /// One trajectory's summary without its system prompts and tool definitions.
+    /// One trajectory's summary without its system prompts and tool definitions (left empty): what lists and
+    /// the exporter's agent spans need. An agent's tool definitions can be tens of kilobytes of JSON.
     pub fn trajectory_light(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
         let mut stmt = self
             .conn

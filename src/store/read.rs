@@ -365,25 +365,11 @@ impl StoreReader {
         self.step_where("step_id", step_id)
     }
 
-    /// One trajectory by id, with its system prompts and tool definitions.
+    /// One trajectory by id, with its system prompts and tool definitions (see also `trajectory_light`).
     pub fn trajectory(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
-        self.trajectory_with(
+        let mut stmt = self.conn.prepare_cached(
             "SELECT trajectory_id, body, system_prompts, tool_definitions FROM trajectories WHERE trajectory_id = ?1",
-            id,
-        )
-    }
-
-    /// One trajectory by id without its system prompts and tool definitions (left empty): what its agent span
-    /// needs. An agent's tool definitions can be tens of kilobytes of JSON.
-    pub fn trajectory_without_heavy_parts(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
-        self.trajectory_with(
-            "SELECT trajectory_id, body, NULL, NULL FROM trajectories WHERE trajectory_id = ?1",
-            id,
-        )
-    }
-
-    fn trajectory_with(&self, sql: &str, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(sql)?;
+        )?;
         let mut rows = stmt.query([id])?;
         match rows.next()? {
             Some(row) => Ok(Some(summary_from_row(row)?)),
@@ -949,7 +935,7 @@ mod tests {
             Some(Some("tr_parent".to_owned()))
         );
         assert_eq!(ok(reader.parent_trajectory("tr_none")), None);
-        let light = ok(reader.trajectory_without_heavy_parts(&trajectory_id)).unwrap_or_else(|| panic!("none"));
+        let light = ok(reader.trajectory_light(&trajectory_id)).unwrap_or_else(|| panic!("none"));
         assert_eq!(light, full.without_heavy_parts());
     }
 

@@ -296,7 +296,7 @@ impl<'a> SpanBuilder<'a> {
                 Some(step) => self.tool_spans(&step),
                 None => Ok(Vec::new()),
             },
-            ExportKind::Agent => match self.reader.trajectory_without_heavy_parts(reference)? {
+            ExportKind::Agent => match self.reader.trajectory_light(reference)? {
                 Some(t) => Ok(vec![self.agent_span(&t)?]),
                 None => Ok(Vec::new()),
             },
