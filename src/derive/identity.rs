@@ -15,9 +15,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::hash_memo::short_hash;
 use crate::model::call::{Message, NormalizedCall, Output, Part, Role, ToolCall};
 use crate::model::exchange::Api;
-use crate::model::short_hash;
 
 use super::stable_hash::json_digest;
 

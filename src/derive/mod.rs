@@ -16,6 +16,7 @@
 //! Steps are emitted at once and re-emitted (upserted by `step_id`) when late facts arrive; trajectories close
 //! after the idle timeout, when dangling calls get an `error: "no_result"` observation.
 
+mod hash_memo;
 pub mod identity;
 mod observe;
 mod prefix;
