@@ -2,10 +2,10 @@
 //!
 //! Every call of an agent hashes texts that have not changed since its previous call: the system prompt three
 //! times (in the root key's prefix, on its own, and as the step's `sp_` hash) and the first user turn twice (in
-//! the prefix and the history key). In agent traffic those are tens of kilobytes, and their SHA-256 was ~30% of
-//! the pipeline thread's samples per ~30 KB agent request (`llmtap-bench store-rate`, docs/performance.md). This
-//! keeps the digest of recent long inputs, found by a fast non-cryptographic hash and confirmed byte for byte,
-//! so a repeated input costs that hash and one comparison. The digest is the one `model::short_hash` gives: ids
+//! the prefix and the history key). In agent traffic those are tens of kilobytes; hashed afresh on every call,
+//! their SHA-256 is ~30% of the pipeline thread's samples per ~30 KB agent request (`llmtap-bench store-rate`,
+//! docs/performance.md). This keeps the digest of recent long inputs, found by a fast non-cryptographic hash and
+//! confirmed byte for byte, so a repeated input costs that hash and one comparison. The digest is the one `model::short_hash` gives: ids
 //! do not change.
 //!
 //! The memo is per thread (derivation runs on the pipeline thread) and holds at most [`HELD_BYTES`] of inputs;
