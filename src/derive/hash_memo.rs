@@ -5,8 +5,8 @@
 //! the prefix and the history key). In agent traffic those are tens of kilobytes; hashed afresh on every call,
 //! their SHA-256 is ~30% of the pipeline thread's samples per ~30 KB agent request (`llmtap-bench store-rate`,
 //! docs/performance.md). This keeps the digest of recent long inputs, found by a fast non-cryptographic hash and
-//! confirmed byte for byte, so a repeated input costs that hash and one comparison. The digest is the one `model::short_hash` gives: ids
-//! do not change.
+//! confirmed byte for byte, so a repeated input costs that hash and one comparison. The digest is the one
+//! `model::short_hash` gives: ids do not change.
 //!
 //! The memo is per thread (derivation runs on the pipeline thread) and holds at most [`HELD_BYTES`] of inputs;
 //! past that it starts again empty, so an llmtap serving many agents keeps the recent ones.

@@ -197,14 +197,10 @@ impl StoreReader {
     /// One trajectory's summary without its system prompts and tool definitions (left empty): what lists and
     /// the exporter's agent spans need. An agent's tool definitions can be tens of kilobytes of JSON.
     pub fn trajectory_light(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT trajectory_id, body, NULL, NULL FROM trajectories WHERE trajectory_id = ?1")?;
-        let mut rows = stmt.query([id])?;
-        match rows.next()? {
-            Some(row) => Ok(Some(summary_from_row(row)?)),
-            None => Ok(None),
-        }
+        self.trajectory_by(
+            "SELECT trajectory_id, body, NULL, NULL FROM trajectories WHERE trajectory_id = ?1",
+            id,
+        )
     }
 
     /// Every call of a trajectory, oldest first, without bodies (by the `traces_trajectory` index).

@@ -367,9 +367,15 @@ impl StoreReader {
 
     /// One trajectory by id, with its system prompts and tool definitions (see also `trajectory_light`).
     pub fn trajectory(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(
+        self.trajectory_by(
             "SELECT trajectory_id, body, system_prompts, tool_definitions FROM trajectories WHERE trajectory_id = ?1",
-        )?;
+            id,
+        )
+    }
+
+    /// The trajectory `sql` selects for `id`, as (trajectory_id, body, system_prompts, tool_definitions).
+    pub(super) fn trajectory_by(&self, sql: &str, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(sql)?;
         let mut rows = stmt.query([id])?;
         match rows.next()? {
             Some(row) => Ok(Some(summary_from_row(row)?)),
@@ -377,9 +383,10 @@ impl StoreReader {
         }
     }
 
-    /// The trajectory a trajectory hangs under (`parent_trajectory_id`), read from its row alone. Outer None: no
-    /// such trajectory. The exporter walks this chain once per trajectory to find the trace a span belongs to.
-    pub fn parent_trajectory(&self, id: &str) -> Result<Option<Option<String>>, StoreError> {
+    /// The trajectory a trajectory hangs under (`parent_trajectory_id`), read from its row alone; None when it
+    /// has no parent or there is no such trajectory. The exporter walks this chain once per trajectory to find
+    /// the trace a span belongs to.
+    pub fn parent_trajectory(&self, id: &str) -> Result<Option<String>, StoreError> {
         #[derive(serde::Deserialize)]
         struct Parent {
             #[serde(default)]
@@ -388,16 +395,15 @@ impl StoreReader {
         let mut stmt = self
             .conn
             .prepare_cached("SELECT body FROM trajectories WHERE trajectory_id = ?1")?;
-        let body: Option<String> = stmt.query_row([id], |r| r.get(0)).optional()?;
-        body.map(|b| {
-            serde_json::from_str::<Parent>(&b)
-                .map(|p| p.parent_trajectory_id)
-                .map_err(|e| StoreError::Corrupt {
-                    id: id.to_owned(),
-                    what: e.to_string(),
-                })
-        })
-        .transpose()
+        let Some(body) = stmt.query_row([id], |r| r.get::<_, String>(0)).optional()? else {
+            return Ok(None);
+        };
+        serde_json::from_str::<Parent>(&body)
+            .map(|p| p.parent_trajectory_id)
+            .map_err(|e| StoreError::Corrupt {
+                id: id.to_owned(),
+                what: e.to_string(),
+            })
     }
 
     /// Export log entries after `after`, oldest first, at most `limit` rows read.
@@ -931,8 +937,8 @@ mod tests {
             "{full:#?}"
         );
         assert_eq!(
-            ok(reader.parent_trajectory(&trajectory_id)),
-            Some(Some("tr_parent".to_owned()))
+            ok(reader.parent_trajectory(&trajectory_id)).as_deref(),
+            Some("tr_parent")
         );
         assert_eq!(ok(reader.parent_trajectory("tr_none")), None);
         let light = ok(reader.trajectory_light(&trajectory_id)).unwrap_or_else(|| panic!("none"));

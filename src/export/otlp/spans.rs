@@ -269,7 +269,7 @@ impl<'a> SpanBuilder<'a> {
             return Ok(r.clone());
         }
         let reader = self.reader;
-        let cur = root_trajectory(trajectory, |t| Ok(reader.parent_trajectory(t)?.flatten()))?;
+        let cur = root_trajectory(trajectory, |t| reader.parent_trajectory(t))?;
         self.roots.insert(trajectory.to_owned(), cur.clone());
         Ok(cur)
     }
