@@ -61,8 +61,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     }
     let metrics = Arc::new(Metrics::default());
     let conn = crate::store::open_for_writing(&config.data_dir)?;
+    // What the writer committed last, for the exporters' span building (`store::recent`).
+    let recent = Arc::new(crate::store::RecentRecords::default());
     let (store_tx, store_thread) =
-        StoreWriter::spawn(conn, config.store.clone(), metrics.clone()).map_err(AppError::Thread)?;
+        StoreWriter::spawn(conn, config.store.clone(), metrics.clone(), recent.clone()).map_err(AppError::Thread)?;
 
     let live = crate::api::live_channel();
     let pipeline_stop = CancellationToken::new();
@@ -171,6 +173,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             resource: config.resource.clone(),
             servers: servers.clone(),
             metrics: metrics.clone(),
+            recent: recent.clone(),
         };
         sinks.push(Box::pin(crate::export::otlp::run(ctx, export_stop.clone())));
     }

@@ -11,11 +11,13 @@ mod coalesce;
 pub mod codec;
 mod private;
 mod read;
+pub mod recent;
 mod schema;
 mod write;
 
 pub use browse::{CallHead, SessionHead, SessionQuery};
 pub use read::{Cursor, SessionRow, StoreReader, TraceFilter};
+pub use recent::RecentRecords;
 pub use write::{StoreTx, StoreWriter};
 
 use std::path::{Path, PathBuf};

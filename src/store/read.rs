@@ -4,11 +4,13 @@
 //! callback may wait on a slow consumer for as long as it likes.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params_from_iter, types::Value as SqlValue};
 
 use super::StoreError;
 use super::codec::decompress;
+use super::recent::RecentRecords;
 use crate::config::StoreConfig;
 use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings};
@@ -91,6 +93,8 @@ pub struct SessionRow {
 
 pub struct StoreReader {
     pub(super) conn: Connection,
+    /// The writer's last committed records, for the exporters' lookups (see `recent.rs`).
+    pub(super) recent: Option<Arc<RecentRecords>>,
 }
 
 impl StoreReader {
@@ -108,7 +112,14 @@ impl StoreReader {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         super::stable_plans(&conn)?;
         register_step_text(&conn)?;
-        Ok(StoreReader { conn })
+        Ok(StoreReader { conn, recent: None })
+    }
+
+    /// Answer `trace_without_bodies`, `step_span_facts_for_trace`, `trajectory_light` and `parent_trajectory`
+    /// from `recent` when it holds the record, from the store otherwise.
+    pub fn with_recent(mut self, recent: Arc<RecentRecords>) -> StoreReader {
+        self.recent = Some(recent);
+        self
     }
 
     /// Run `f`'s reads in one read transaction: they see one snapshot, and SQLite takes its locks and checks
@@ -319,6 +330,9 @@ impl StoreReader {
 
     /// The trace with its bodies left out (null): for readers that need only its facts.
     pub fn trace_without_bodies(&self, id: &str) -> Result<Option<ProviderTrace>, StoreError> {
+        if let Some(t) = self.recent.as_ref().and_then(|r| r.trace_without_bodies(id)) {
+            return Ok(Some(t));
+        }
         self.trace_by_id(TRACE_SELECT_WITHOUT_BODIES, id)
     }
 
@@ -358,6 +372,9 @@ impl StoreReader {
 
     /// What the agent step derived from a provider trace adds to the trace's span (see [`StepSpanFacts`]).
     pub fn step_span_facts_for_trace(&self, trace_id: &str) -> Result<Option<StepSpanFacts>, StoreError> {
+        if let Some(facts) = self.recent.as_ref().and_then(|r| r.step_span_facts_for_trace(trace_id)) {
+            return Ok(Some(facts));
+        }
         self.step_where("trace_id", trace_id)
     }
 
@@ -387,6 +404,9 @@ impl StoreReader {
     /// has no parent or there is no such trajectory. The exporter walks this chain once per trajectory to find
     /// the trace a span belongs to.
     pub fn parent_trajectory(&self, id: &str) -> Result<Option<String>, StoreError> {
+        if let Some(parent) = self.recent.as_ref().and_then(|r| r.parent_trajectory(id)) {
+            return Ok(parent);
+        }
         #[derive(serde::Deserialize)]
         struct Parent {
             #[serde(default)]

@@ -16,6 +16,7 @@ use rusqlite::{Connection, params};
 use super::chunks::{ChunkCache, store_request};
 use super::coalesce::{Slot, plan};
 use super::codec::compress;
+use super::recent::RecentRecords;
 use super::{Record, StoreError};
 use crate::config::StoreConfig;
 use crate::model::cost::CostBreakdown;
@@ -51,17 +52,19 @@ impl StoreTx {
 pub struct StoreWriter;
 
 impl StoreWriter {
-    /// Start the writer thread. It ends when every `StoreTx` is dropped, after writing what was queued.
+    /// Start the writer thread. It ends when every `StoreTx` is dropped, after writing what was queued. Each
+    /// committed batch goes on to `recent`, for the exporters.
     pub fn spawn(
         conn: Connection,
         config: StoreConfig,
         metrics: Arc<Metrics>,
+        recent: Arc<RecentRecords>,
     ) -> std::io::Result<(StoreTx, JoinHandle<()>)> {
         let (tx, rx) = sync_channel(QUEUED_BATCHES);
         let m = metrics.clone();
         let handle = std::thread::Builder::new()
             .name("llmtap-store".into())
-            .spawn(move || run(conn, rx, config, m))?;
+            .spawn(move || run(conn, rx, config, m, recent))?;
         Ok((StoreTx { tx, metrics }, handle))
     }
 }
@@ -78,17 +81,28 @@ fn retention_when_due(
     metrics: &Metrics,
     last: &mut Instant,
     chunks: &mut ChunkCache,
+    recent: &RecentRecords,
 ) {
     if last.elapsed() >= RETENTION_INTERVAL {
-        retain_now(conn, config, metrics, last, chunks);
+        retain_now(conn, config, metrics, last, chunks, recent);
     }
 }
 
-fn retain_now(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: &mut Instant, chunks: &mut ChunkCache) {
+fn retain_now(
+    conn: &Connection,
+    config: &StoreConfig,
+    metrics: &Metrics,
+    last: &mut Instant,
+    chunks: &mut ChunkCache,
+    recent: &RecentRecords,
+) {
     *last = Instant::now();
     match super::read::apply_retention(conn, config, metrics) {
-        // Deleted chunks may be remembered by id.
-        Ok(deleted) if deleted > 0 => chunks.forget(),
+        // Deleted chunks may be remembered by id, deleted records by the exporters' cache.
+        Ok(deleted) if deleted > 0 => {
+            chunks.forget();
+            recent.forget();
+        }
         Ok(_) => {}
         Err(e) => metrics.store_error(&e),
     }
@@ -102,7 +116,13 @@ fn retain_now(conn: &Connection, config: &StoreConfig, metrics: &Metrics, last: 
 /// has nothing to share a commit with, and its steps then reach the store within milliseconds.
 const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(50);
 
-fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, metrics: Arc<Metrics>) {
+fn run(
+    mut conn: Connection,
+    rx: Receiver<Vec<Record>>,
+    config: StoreConfig,
+    metrics: Arc<Metrics>,
+    recent: Arc<RecentRecords>,
+) {
     crate::background::run_in_background();
     if let Err(e) = tune_writer(&conn) {
         metrics.store_error(&e);
@@ -115,6 +135,7 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
         &metrics,
         &mut last_retention,
         &mut ChunkCache::default(),
+        &recent,
     );
     let mut chunks = ChunkCache::default();
     let mut batch = Vec::with_capacity(config.batch_size);
@@ -125,7 +146,7 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
             Ok(records) => records,
             Err(RecvTimeoutError::Timeout) => {
                 crate::allocator::release_when_idle();
-                retention_when_due(&conn, &config, &metrics, &mut last_retention, &mut chunks);
+                retention_when_due(&conn, &config, &metrics, &mut last_retention, &mut chunks, &recent);
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,
@@ -159,11 +180,12 @@ fn run(mut conn: Connection, rx: Receiver<Vec<Record>>, config: StoreConfig, met
             Ok(()) => {
                 metrics.stored.add(n);
                 metrics.store_ok();
+                recent.remember(batch.drain(..));
             }
             Err(e) => metrics.store_error(&e),
         }
         batch.clear();
-        retention_when_due(&conn, &config, &metrics, &mut last_retention, &mut chunks);
+        retention_when_due(&conn, &config, &metrics, &mut last_retention, &mut chunks, &recent);
     }
     let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
 }

@@ -185,7 +185,8 @@ impl InProcess {
     pub fn start(dir: &std::path::Path, metrics: &Arc<Metrics>) -> Option<InProcess> {
         let conn = llmtap::store::open(dir).ok()?;
         let (store_tx, store_thread) =
-            llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone()).ok()?;
+            llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), metrics.clone(), Default::default())
+                .ok()?;
         let (tx, rx) = CaptureTx::channel(&llmtap::config::CaptureConfig::default(), metrics.clone());
         let settings = llmtap::pipeline::Settings {
             derive: DeriveConfig::default(),

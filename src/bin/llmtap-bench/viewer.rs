@@ -84,11 +84,15 @@ fn start_writer(
     dir: &std::path::Path,
 ) -> Result<(llmtap::store::StoreTx, std::thread::JoinHandle<()>), llmtap::store::StoreError> {
     let conn = llmtap::store::open(dir)?;
-    llmtap::store::StoreWriter::spawn(conn, StoreConfig::default(), Arc::new(Metrics::default())).map_err(|source| {
-        llmtap::store::StoreError::DataDir {
-            path: dir.to_owned(),
-            source,
-        }
+    llmtap::store::StoreWriter::spawn(
+        conn,
+        StoreConfig::default(),
+        Arc::new(Metrics::default()),
+        Default::default(),
+    )
+    .map_err(|source| llmtap::store::StoreError::DataDir {
+        path: dir.to_owned(),
+        source,
     })
 }
 

@@ -18,7 +18,7 @@ use crate::config::{Config, OtlpConfig};
 use crate::export::sink::driver::{Driver, DriverConfig};
 use crate::export::sink::retry::RetryPolicy;
 use crate::export::sink::{Accepted, LogEntry, SendError, Sink};
-use crate::store::{StoreError, StoreReader};
+use crate::store::{RecentRecords, StoreError, StoreReader};
 use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
 use transport::Transport;
 
@@ -30,6 +30,8 @@ pub struct SinkContext {
     pub resource: Vec<(String, String)>,
     pub servers: Arc<HashMap<String, (String, u16)>>,
     pub metrics: Arc<Metrics>,
+    /// The writer's last committed records: most spans are built from these instead of read back.
+    pub recent: Arc<RecentRecords>,
 }
 
 /// Upstream name → (host, port) for server.address/server.port.
@@ -147,6 +149,7 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             initial: ctx.config.retry_initial,
             max: ctx.config.retry_max,
         },
+        recent: Some(ctx.recent),
     };
     let sink = OtlpSink {
         config: ctx.config,

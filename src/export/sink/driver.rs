@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::retry::RetryPolicy;
 use super::{Accepted, SendError, Sink};
 use crate::model::record::ExportSeq;
-use crate::store::{Cursor, StoreError, StoreReader};
+use crate::store::{Cursor, RecentRecords, StoreError, StoreReader};
 use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics, SinkStats};
 
 /// After shutdown is requested, how long a sink keeps draining what is already stored.
@@ -36,6 +36,8 @@ pub struct DriverConfig {
     pub batch_size: usize,
     /// Retry backoff; `retry.max` also caps server-given delays and paces probes of a paused sink.
     pub retry: RetryPolicy,
+    /// The writer's last committed records, which the sink's reader consults before the store.
+    pub recent: Option<Arc<RecentRecords>>,
 }
 
 /// The sink's own store connections, opened once and kept across batches: opening SQLite connections per batch
@@ -264,14 +266,22 @@ impl<S: Sink> Driver<S> {
         let open = self.store.take();
         let data_dir = self.cfg.data_dir.clone();
         let name = self.cfg.name.clone();
+        let recent = self.cfg.recent.clone();
         let joined = tokio::task::spawn_blocking(move || {
             // Blocking-pool threads only run background work in llmtap, so lowering one is harmless.
             crate::background::run_in_background();
             let handles = match open {
                 Some(h) => h,
-                None => match Cursor::open(&data_dir, &name)
-                    .and_then(|cursor| Ok((cursor, StoreReader::open(&data_dir)?)))
-                {
+                None => match Cursor::open(&data_dir, &name).and_then(|cursor| {
+                    let reader = StoreReader::open(&data_dir)?;
+                    Ok((
+                        cursor,
+                        match recent {
+                            Some(r) => reader.with_recent(r),
+                            None => reader,
+                        },
+                    ))
+                }) {
                     Ok((cursor, reader)) => StoreHandles { cursor, reader },
                     Err(e) => return (None, Err(e)),
                 },

@@ -1,0 +1,181 @@
+//! The exporters' cache of the writer's last committed records (`store::recent`) answers as the store does.
+//!
+//! Every recorded agent session and every single recorded call goes through the pipeline's own processing and
+//! derivation, into a real store writer thread and SQLite file, a batch per call as the pipeline sends them. Then
+//! every export-log entry is turned into spans twice, by a reader that asks the store and by one that asks the
+//! cache first, and every record the exporters look up is read both ways. Some calls carry a session header, so
+//! the writer's session fallback is covered as well.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::*;
+use llmtap::derive::Deriver;
+use llmtap::export::otlp::spans::SpanBuilder;
+use llmtap::model::record::ExportSeq;
+use llmtap::store::{RecentRecords, Record, StoreReader, StoreWriter};
+
+const T0: i64 = 1_700_000_000_000_000;
+
+/// Stores every recorded call through a writer that fills `recent`; returns the trace, step and trajectory ids.
+fn store_the_corpus(dir: &std::path::Path, recent: Arc<RecentRecords>) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let conn = llmtap::store::open_for_writing(dir).unwrap();
+    let metrics = Arc::new(llmtap::telemetry::Metrics::default());
+    // Kept forever: the recorded calls are years old.
+    let config = llmtap::config::StoreConfig {
+        retention_days: 0,
+        ..Default::default()
+    };
+    let (tx, writer) = StoreWriter::spawn(conn, config, metrics.clone(), recent).unwrap();
+    let prices = llmtap::cost::CostTable::embedded().unwrap();
+    let mut deriver = Deriver::new(llmtap::config::DeriveConfig::default());
+    let (mut traces, mut steps, mut trajectories) = (Vec::new(), Vec::new(), Vec::new());
+    let mut keep = |records: &[Record]| {
+        for r in records {
+            match r {
+                Record::Trace(t) => traces.push(t.id.clone()),
+                Record::Step(s) => steps.push(s.step_id.clone()),
+                Record::Trajectory(t) => trajectories.push(t.trajectory_id.clone()),
+            }
+        }
+    };
+    let mut calls: Vec<Fixture> = session_names().iter().flat_map(|n| session(n)).collect();
+    calls.extend(all_fixtures());
+    for (i, f) in calls.iter().enumerate() {
+        let mut ex = f.raw_exchange(T0 + i as i64 * 1_000_000, 200_000, 500_000);
+        if i % 3 == 0 {
+            ex.meta.session = Some(format!("session-{}", i % 7));
+        }
+        let mut p = llmtap::pipeline::process::process(ex, usize::MAX);
+        llmtap::pipeline::pricing::price(&prices, &mut p.trace, p.call.as_ref(), &metrics);
+        let records = deriver.observe(p.trace, p.call);
+        keep(&records);
+        tx.send(records);
+    }
+    let closing = deriver.close_all();
+    keep(&closing);
+    tx.send(closing);
+    drop(tx);
+    writer.join().unwrap();
+    traces.sort();
+    traces.dedup();
+    steps.sort();
+    steps.dedup();
+    trajectories.sort();
+    trajectories.dedup();
+    (traces, steps, trajectories)
+}
+
+#[test]
+fn spans_and_lookups_from_the_cache_equal_the_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let recent = Arc::new(RecentRecords::default());
+    let (traces, steps, trajectories) = store_the_corpus(dir.path(), recent.clone());
+    assert!(traces.len() > 100 && trajectories.len() > 50, "{} traces", traces.len());
+    let store = StoreReader::open(dir.path()).unwrap();
+    let cached = StoreReader::open(dir.path()).unwrap().with_recent(recent.clone());
+
+    // The cache holds what it answers for (the corpus is smaller than its bound), so the comparisons below
+    // compare the cache's answers, not the store's with itself.
+    let mut with_agent_step = 0;
+    for id in &traces {
+        let held = recent.trace_without_bodies(id);
+        assert!(held.is_some(), "trace {id} not held");
+        // Every field, bodies (left out) included.
+        assert_eq!(
+            format!("{held:?}"),
+            format!("{:?}", store.trace_without_bodies(id).unwrap()),
+            "trace {id}"
+        );
+        let facts = store.step_span_facts_for_trace(id).unwrap();
+        if facts.is_some() {
+            with_agent_step += 1;
+            assert_eq!(recent.step_span_facts_for_trace(id), facts, "step facts of {id}");
+        }
+        assert_eq!(
+            cached.step_span_facts_for_trace(id).unwrap(),
+            facts,
+            "step facts of {id}"
+        );
+    }
+    assert!(with_agent_step > 100, "{with_agent_step} traces with an agent step");
+    let mut with_parent = 0;
+    for id in &trajectories {
+        let held = recent.trajectory_light(id);
+        assert!(held.is_some(), "trajectory {id} not held");
+        assert_eq!(held, store.trajectory_light(id).unwrap(), "trajectory {id}");
+        let parent = store.parent_trajectory(id).unwrap();
+        with_parent += usize::from(parent.is_some());
+        assert_eq!(recent.parent_trajectory(id), Some(parent), "parent of {id}");
+    }
+    assert!(with_parent > 0, "the corpus has sub-agents");
+
+    // Every export-log entry's spans, with and without content.
+    let servers = HashMap::new();
+    let entries = store.export_log(ExportSeq(0), 1_000_000).unwrap();
+    assert!(entries.len() > traces.len(), "{} entries", entries.len());
+    let mut spans = 0;
+    for capture_content in [false, true] {
+        let mut from_store = SpanBuilder::new(&store, capture_content, &servers);
+        let mut from_cache = SpanBuilder::new(&cached, capture_content, &servers);
+        for e in &entries {
+            let want = from_store.spans_for(e.kind, &e.reference).unwrap();
+            spans += want.len();
+            assert_eq!(
+                from_cache.spans_for(e.kind, &e.reference).unwrap(),
+                want,
+                "{:?} {}",
+                e.kind,
+                e.reference
+            );
+        }
+    }
+    assert!(spans > entries.len(), "{spans} spans");
+    assert!(!steps.is_empty());
+}
+
+/// Retention's deletes empty the cache: no span is built from a record the store no longer has.
+#[test]
+fn the_cache_forgets_what_retention_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let recent = Arc::new(RecentRecords::default());
+    let (traces, _, trajectories) = store_the_corpus(dir.path(), recent.clone());
+    assert!(recent.trace_without_bodies(&traces[0]).is_some());
+    // The recorded calls are from 2023; a writer that keeps 1 day deletes them all when it starts.
+    let config = llmtap::config::StoreConfig {
+        retention_days: 1,
+        ..Default::default()
+    };
+    let conn = llmtap::store::open_for_writing(dir.path()).unwrap();
+    let (tx, writer) = StoreWriter::spawn(
+        conn,
+        config,
+        Arc::new(llmtap::telemetry::Metrics::default()),
+        recent.clone(),
+    )
+    .unwrap();
+    drop(tx);
+    writer.join().unwrap();
+    let store = StoreReader::open(dir.path()).unwrap();
+    assert!(
+        store.trace_without_bodies(&traces[0]).unwrap().is_none(),
+        "retention deleted it"
+    );
+    let cached = StoreReader::open(dir.path()).unwrap().with_recent(recent.clone());
+    for id in &traces {
+        assert!(recent.trace_without_bodies(id).is_none(), "trace {id}");
+        assert!(cached.trace_without_bodies(id).unwrap().is_none(), "trace {id}");
+    }
+    // What retention kept (a trajectory whose steps remain) is still read, from the store.
+    for id in &trajectories {
+        assert!(recent.trajectory_light(id).is_none(), "trajectory {id}");
+        assert_eq!(
+            cached.trajectory_light(id).unwrap(),
+            store.trajectory_light(id).unwrap(),
+            "trajectory {id}"
+        );
+    }
+}
