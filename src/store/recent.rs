@@ -25,34 +25,47 @@ use crate::model::record::Record;
 use crate::model::step::{StepRole, StepSpanFacts, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 
-/// Records of each kind held. An exporter that keeps up reads a batch within a few hundred milliseconds of its
-/// commit; at 10,000 exchanges/s that is a few thousand of each. A trace without bodies or a trajectory without
-/// prompts is ~1–2 KB, so the whole cache stays in the tens of MiB at most.
-pub const DEFAULT_ENTRIES: usize = 8_192;
+/// Records of each kind held. An exporter that keeps up reads the export log every 200 ms at most, so at 10,000
+/// exchanges/s what it reads was committed within the last few thousand; one that lags reads the rest from the
+/// store.
+pub const DEFAULT_ENTRIES: usize = 4_096;
 
-/// A map that forgets its oldest keys beyond `capacity` (by first insertion; replacing a value keeps its place).
+/// Estimated bytes held for each kind at most (see `held_bytes`): the whole cache stays within ~12 MiB however
+/// large the records' headers or summaries are.
+const DEFAULT_BYTES: usize = 4 << 20;
+
+/// A map that forgets its oldest keys beyond `capacity` entries or `max_bytes` estimated bytes (by first
+/// insertion; replacing a value keeps its place).
 struct Bounded<K, V> {
-    map: FxHashMap<K, V>,
+    map: FxHashMap<K, (V, usize)>,
     order: VecDeque<K>,
     capacity: usize,
+    bytes: usize,
+    max_bytes: usize,
 }
 
 impl<K: Hash + Eq + Clone, V> Bounded<K, V> {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, max_bytes: usize) -> Self {
         Bounded {
             map: FxHashMap::default(),
             order: VecDeque::new(),
             capacity: capacity.max(1),
+            bytes: 0,
+            max_bytes,
         }
     }
 
-    fn insert(&mut self, key: K, value: V) {
-        if self.map.insert(key.clone(), value).is_none() {
-            self.order.push_back(key);
-            while self.order.len() > self.capacity {
-                if let Some(old) = self.order.pop_front() {
-                    self.map.remove(&old);
-                }
+    /// Insert `value`, estimated at `size` bytes.
+    fn insert(&mut self, key: K, value: V, size: usize) {
+        self.bytes += size;
+        match self.map.insert(key.clone(), (value, size)) {
+            Some((_, old)) => self.bytes -= old,
+            None => self.order.push_back(key),
+        }
+        while self.order.len() > self.capacity || (self.bytes > self.max_bytes && self.order.len() > 1) {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some((_, size)) = self.map.remove(&old) {
+                self.bytes -= size;
             }
         }
     }
@@ -61,13 +74,43 @@ impl<K: Hash + Eq + Clone, V> Bounded<K, V> {
     where
         K: std::borrow::Borrow<Q>,
     {
-        self.map.get(key)
+        self.map.get(key).map(|(v, _)| v)
     }
 
     fn clear(&mut self) {
         self.map.clear();
         self.order.clear();
+        self.bytes = 0;
     }
+}
+
+/// A rough size of what a held record keeps on the heap: its variable-length text plus a fixed part for the
+/// rest. It only has to grow with the record, so that large headers or summaries cannot hold many megabytes.
+fn held_bytes<'a>(texts: impl IntoIterator<Item = &'a str>) -> usize {
+    256 + texts.into_iter().map(str::len).sum::<usize>()
+}
+
+fn trace_bytes(t: &ProviderTrace) -> usize {
+    let headers = t.request_headers.iter().chain(&t.response_headers);
+    held_bytes(
+        [t.id.as_str(), &t.upstream, &t.path, &t.method]
+            .into_iter()
+            .chain(headers.flat_map(|(k, v)| [k.as_str(), v.as_str()]))
+            .chain(t.error.as_deref())
+            .chain(t.model.as_deref()),
+    ) + 256 * usize::from(t.facts.is_some())
+}
+
+fn trajectory_bytes(t: &TrajectorySummary) -> usize {
+    held_bytes(
+        [t.trajectory_id.as_str(), &t.started_at, &t.ended_at]
+            .into_iter()
+            .chain(t.models.iter().map(String::as_str))
+            .chain(t.session_id.as_deref())
+            .chain(t.agent.as_deref())
+            .chain(t.parent_trajectory_id.as_deref())
+            .chain(t.parent_tool_call_id.as_deref()),
+    )
 }
 
 /// The agent step a trace id leads to, as `StoreReader::step_span_facts_for_trace` finds it. A step's trace id
@@ -112,9 +155,9 @@ impl RecentRecords {
     pub fn new(entries: usize) -> RecentRecords {
         RecentRecords {
             inner: Mutex::new(Inner {
-                traces: Bounded::new(entries),
-                steps_by_trace: Bounded::new(entries),
-                trajectories: Bounded::new(entries),
+                traces: Bounded::new(entries, DEFAULT_BYTES),
+                steps_by_trace: Bounded::new(entries, DEFAULT_BYTES),
+                trajectories: Bounded::new(entries, DEFAULT_BYTES),
             }),
         }
     }
@@ -132,7 +175,8 @@ impl RecentRecords {
             match record {
                 Record::Trace(t) => {
                     let t = as_stored_without_bodies(*t);
-                    inner.traces.insert(t.id.clone(), Arc::new(t));
+                    let size = trace_bytes(&t);
+                    inner.traces.insert(t.id.clone(), Arc::new(t), size);
                 }
                 Record::Step(s) => {
                     let (StepRole::Agent, Some(trace_id)) = (s.role, &s.provider_trace_id) else {
@@ -146,14 +190,18 @@ impl RecentRecords {
                             facts: StepSpanFacts::from(&*s),
                         },
                     };
-                    inner.steps_by_trace.insert(trace_id.clone(), entry);
+                    let size = held_bytes([trace_id.as_str(), &s.step_id]);
+                    inner.steps_by_trace.insert(trace_id.clone(), entry, size);
                 }
                 Record::Trajectory(t) => {
                     // What `TrajectorySummary::without_heavy_parts` keeps, without copying it.
                     let mut light = *t;
                     light.system_prompts = Default::default();
                     light.tool_definitions = Vec::new();
-                    inner.trajectories.insert(light.trajectory_id.clone(), Arc::new(light));
+                    let size = trajectory_bytes(&light);
+                    inner
+                        .trajectories
+                        .insert(light.trajectory_id.clone(), Arc::new(light), size);
                 }
             }
         }
@@ -227,6 +275,26 @@ mod tests {
         recent.remember([trace_record(2), trace_record(5)]);
         assert!(recent.trace_without_bodies("trace-2").is_none());
         assert!(recent.trace_without_bodies("trace-5").is_some());
+    }
+
+    #[test]
+    fn large_records_are_bounded_by_their_size() {
+        let recent = RecentRecords::default();
+        // Ten traces with 1 MiB of headers each: the 4 MiB budget holds the newest three.
+        recent.remember((0..10).map(|n| {
+            let Record::Trace(mut t) = trace_record(n) else {
+                unreachable!()
+            };
+            t.response_headers.push(("x-large".into(), "x".repeat(1 << 20)));
+            Record::Trace(t)
+        }));
+        let held: Vec<i64> = (0..10)
+            .filter(|n| recent.trace_without_bodies(&format!("trace-{n}")).is_some())
+            .collect();
+        assert_eq!(held, [7, 8, 9]);
+        // Small records are held by count, far below the budget.
+        recent.remember((10..1_010).map(trace_record));
+        assert!((10..1_010).all(|n| recent.trace_without_bodies(&format!("trace-{n}")).is_some()));
     }
 
     #[test]
