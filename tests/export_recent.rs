@@ -42,6 +42,7 @@ fn store_the_corpus(dir: &std::path::Path, recent: Arc<RecentRecords>) -> (Vec<S
             }
         }
     };
+    let mut batches = Vec::new();
     let mut calls: Vec<Fixture> = session_names().iter().flat_map(|n| session(n)).collect();
     calls.extend(all_fixtures());
     for (i, f) in calls.iter().enumerate() {
@@ -53,11 +54,15 @@ fn store_the_corpus(dir: &std::path::Path, recent: Arc<RecentRecords>) -> (Vec<S
         llmtap::pipeline::pricing::price(&prices, &mut p.trace, p.call.as_ref(), &metrics);
         let records = deriver.observe(p.trace, p.call);
         keep(&records);
-        tx.send(records);
+        batches.push(records);
     }
     let closing = deriver.close_all();
     keep(&closing);
-    tx.send(closing);
+    batches.push(closing);
+    // Sent back to back: the writer empties the cache after a second without records.
+    for batch in batches {
+        tx.send(batch);
+    }
     drop(tx);
     writer.join().unwrap();
     traces.sort();
@@ -178,4 +183,31 @@ fn the_cache_forgets_what_retention_deletes() {
             "trajectory {id}"
         );
     }
+}
+
+/// After a second without records the writer empties the cache: a quiet llmtap holds no copies of old records,
+/// and the exporters read the store.
+#[test]
+fn an_idle_writer_empties_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let recent = Arc::new(RecentRecords::default());
+    let conn = llmtap::store::open_for_writing(dir.path()).unwrap();
+    let metrics = Arc::new(llmtap::telemetry::Metrics::default());
+    let (tx, writer) = StoreWriter::spawn(conn, Default::default(), metrics.clone(), recent.clone()).unwrap();
+    let f = &session(&session_names()[0])[0];
+    let p = llmtap::pipeline::process::process(f.raw_exchange(T0, 200_000, 500_000), usize::MAX);
+    let id = p.trace.id.clone();
+    let mut deriver = Deriver::new(llmtap::config::DeriveConfig::default());
+    tx.send(deriver.observe(p.trace, p.call));
+    let held_after_commit = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        recent.trace_without_bodies(&id).is_some()
+    });
+    assert!(held_after_commit, "the committed trace is held");
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    assert!(recent.trace_without_bodies(&id).is_none(), "still held after 2.5 s idle");
+    let store = StoreReader::open(dir.path()).unwrap().with_recent(recent);
+    assert!(store.trace_without_bodies(&id).unwrap().is_some(), "read from the store");
+    drop(tx);
+    writer.join().unwrap();
 }

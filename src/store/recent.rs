@@ -30,9 +30,9 @@ use crate::model::trace::ProviderTrace;
 /// store.
 pub const DEFAULT_ENTRIES: usize = 4_096;
 
-/// Estimated bytes held for each kind at most (see `held_bytes`): the whole cache stays within ~12 MiB however
-/// large the records' headers or summaries are.
-const DEFAULT_BYTES: usize = 4 << 20;
+/// Estimated bytes held for each kind at most (see `held_bytes`): the whole cache stays within ~10 MiB however
+/// large the records' headers or summaries are. The writer empties it after a second without records.
+const DEFAULT_BYTES: usize = 3 << 20;
 
 /// A map that forgets its oldest keys beyond `capacity` entries or `max_bytes` estimated bytes (by first
 /// insertion; replacing a value keeps its place).
@@ -84,25 +84,29 @@ impl<K: Hash + Eq + Clone, V> Bounded<K, V> {
     }
 }
 
-/// A rough size of what a held record keeps on the heap: its variable-length text plus a fixed part for the
-/// rest. It only has to grow with the record, so that large headers or summaries cannot hold many megabytes.
-fn held_bytes<'a>(texts: impl IntoIterator<Item = &'a str>) -> usize {
-    256 + texts.into_iter().map(str::len).sum::<usize>()
+/// A rough size of what a held record keeps on the heap: the record's own struct, its variable-length texts, and
+/// an allocator's overhead for each of them. It only has to grow with the record, so that large headers or
+/// summaries cannot hold many megabytes.
+fn held_bytes<'a>(fixed: usize, texts: impl IntoIterator<Item = &'a str>) -> usize {
+    const PER_ALLOCATION: usize = 32;
+    fixed + texts.into_iter().map(|t| t.len() + PER_ALLOCATION).sum::<usize>()
 }
 
 fn trace_bytes(t: &ProviderTrace) -> usize {
     let headers = t.request_headers.iter().chain(&t.response_headers);
     held_bytes(
+        std::mem::size_of::<ProviderTrace>() + 512,
         [t.id.as_str(), &t.upstream, &t.path, &t.method]
             .into_iter()
             .chain(headers.flat_map(|(k, v)| [k.as_str(), v.as_str()]))
             .chain(t.error.as_deref())
             .chain(t.model.as_deref()),
-    ) + 256 * usize::from(t.facts.is_some())
+    )
 }
 
 fn trajectory_bytes(t: &TrajectorySummary) -> usize {
     held_bytes(
+        std::mem::size_of::<TrajectorySummary>() + 256,
         [t.trajectory_id.as_str(), &t.started_at, &t.ended_at]
             .into_iter()
             .chain(t.models.iter().map(String::as_str))
@@ -190,7 +194,7 @@ impl RecentRecords {
                             facts: StepSpanFacts::from(&*s),
                         },
                     };
-                    let size = held_bytes([trace_id.as_str(), &s.step_id]);
+                    let size = held_bytes(std::mem::size_of::<StepOfTrace>(), [trace_id.as_str(), &s.step_id]);
                     inner.steps_by_trace.insert(trace_id.clone(), entry, size);
                 }
                 Record::Trajectory(t) => {
@@ -207,7 +211,8 @@ impl RecentRecords {
         }
     }
 
-    /// Retention deleted rows: forget everything rather than answer for a deleted record.
+    /// Forget everything: retention deleted rows (never answer for a deleted record), or the writer has been idle
+    /// (an exporter reads within a fraction of a second of a commit; holding records longer only holds memory).
     pub fn forget(&self) {
         let mut inner = self.lock();
         inner.traces.clear();
@@ -280,7 +285,7 @@ mod tests {
     #[test]
     fn large_records_are_bounded_by_their_size() {
         let recent = RecentRecords::default();
-        // Ten traces with 1 MiB of headers each: the 4 MiB budget holds the newest three.
+        // Ten traces with 1 MiB of headers each: the 3 MiB budget holds the newest two.
         recent.remember((0..10).map(|n| {
             let Record::Trace(mut t) = trace_record(n) else {
                 unreachable!()
@@ -291,7 +296,7 @@ mod tests {
         let held: Vec<i64> = (0..10)
             .filter(|n| recent.trace_without_bodies(&format!("trace-{n}")).is_some())
             .collect();
-        assert_eq!(held, [7, 8, 9]);
+        assert_eq!(held, [8, 9]);
         // Small records are held by count, far below the budget.
         recent.remember((10..1_010).map(trace_record));
         assert!((10..1_010).all(|n| recent.trace_without_bodies(&format!("trace-{n}")).is_some()));

@@ -141,10 +141,13 @@ fn run(
     let mut batch = Vec::with_capacity(config.batch_size);
     let mut last_batch: Option<Instant> = None;
     loop {
-        // A second without records: give back what other threads freed in this thread's pages.
+        // A second without records: the exporters' cache is emptied (an exporter reads within a fraction of a
+        // second of a commit; one that has not, a paused one, reads the store), and what other threads freed in
+        // this thread's pages goes back to the system.
         let first = match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(records) => records,
             Err(RecvTimeoutError::Timeout) => {
+                recent.forget();
                 crate::allocator::release_when_idle();
                 retention_when_due(&conn, &config, &metrics, &mut last_retention, &mut chunks, &recent);
                 continue;
