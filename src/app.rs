@@ -61,8 +61,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
     }
     let metrics = Arc::new(Metrics::default());
     let conn = crate::store::open_for_writing(&config.data_dir)?;
-    // What the writer committed last, for the exporters' span building (`store::recent`).
-    let recent = Arc::new(crate::store::RecentRecords::default());
+    // What the writer committed last, for the exporters' span building (`store::recent`), one read per sink.
+    let recent = Arc::new(crate::store::RecentRecords::new(config.otlp.len()));
     let (store_tx, store_thread) =
         StoreWriter::spawn(conn, config.store.clone(), metrics.clone(), recent.clone()).map_err(AppError::Thread)?;
 

@@ -2,9 +2,9 @@
 //!
 //! Every recorded agent session and every single recorded call goes through the pipeline's own processing and
 //! derivation, into a real store writer thread and SQLite file, a batch per call as the pipeline sends them. Then
-//! every export-log entry is turned into spans twice, by a reader that asks the store and by one that asks the
-//! cache first, and every record the exporters look up is read both ways. Some calls carry a session header, so
-//! the writer's session fallback is covered as well.
+//! every record the exporters look up is read both ways, and every export-log entry is turned into spans by a
+//! reader that asks the store and by two (two sinks) that ask the cache first. Some calls carry a session header,
+//! so the writer's session fallback is covered as well.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -75,19 +75,24 @@ fn store_the_corpus(dir: &std::path::Path, recent: Arc<RecentRecords>) -> (Vec<S
 }
 
 #[test]
-fn spans_and_lookups_from_the_cache_equal_the_stores() {
+fn lookups_from_the_cache_equal_the_stores() {
     let dir = tempfile::tempdir().unwrap();
-    let recent = Arc::new(RecentRecords::default());
-    let (traces, steps, trajectories) = store_the_corpus(dir.path(), recent.clone());
+    let recent = Arc::new(RecentRecords::new(1));
+    let (traces, _, trajectories) = store_the_corpus(dir.path(), recent.clone());
     assert!(traces.len() > 100 && trajectories.len() > 50, "{} traces", traces.len());
+    // The cache holds every trace with an agent step (the corpus is smaller than its bound), so the comparisons
+    // below compare the cache's answers, not the store's with itself. A trace without one is never exported as a
+    // span and not held.
     let store = StoreReader::open(dir.path()).unwrap();
-    let cached = StoreReader::open(dir.path()).unwrap().with_recent(recent.clone());
-
-    // The cache holds what it answers for (the corpus is smaller than its bound), so the comparisons below
-    // compare the cache's answers, not the store's with itself.
     let mut with_agent_step = 0;
     for id in &traces {
+        let facts = store.step_span_facts_for_trace(id).unwrap();
         let held = recent.trace_without_bodies(id);
+        if facts.is_none() {
+            assert!(held.is_none(), "trace {id} without an agent step is held");
+            continue;
+        }
+        with_agent_step += 1;
         assert!(held.is_some(), "trace {id} not held");
         // Every field, bodies (left out) included.
         assert_eq!(
@@ -95,18 +100,10 @@ fn spans_and_lookups_from_the_cache_equal_the_stores() {
             format!("{:?}", store.trace_without_bodies(id).unwrap()),
             "trace {id}"
         );
-        let facts = store.step_span_facts_for_trace(id).unwrap();
-        if facts.is_some() {
-            with_agent_step += 1;
-            assert_eq!(recent.step_span_facts_for_trace(id), facts, "step facts of {id}");
-        }
-        assert_eq!(
-            cached.step_span_facts_for_trace(id).unwrap(),
-            facts,
-            "step facts of {id}"
-        );
+        assert_eq!(recent.step_span_facts_for_trace(id), facts, "step facts of {id}");
     }
     assert!(with_agent_step > 100, "{with_agent_step} traces with an agent step");
+    assert_eq!(recent.held_traces(), 0, "each trace was read once");
     let mut with_parent = 0;
     for id in &trajectories {
         let held = recent.trajectory_light(id);
@@ -117,8 +114,17 @@ fn spans_and_lookups_from_the_cache_equal_the_stores() {
         assert_eq!(recent.parent_trajectory(id), Some(parent), "parent of {id}");
     }
     assert!(with_parent > 0, "the corpus has sub-agents");
+}
 
-    // Every export-log entry's spans, with and without content.
+/// Every export-log entry's spans, with and without content, as two sinks build them from the cache, equal the
+/// spans built from the store.
+#[test]
+fn spans_from_the_cache_equal_the_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let recent = Arc::new(RecentRecords::new(2));
+    let (traces, steps, _) = store_the_corpus(dir.path(), recent.clone());
+    let store = StoreReader::open(dir.path()).unwrap();
+    let cached = StoreReader::open(dir.path()).unwrap().with_recent(recent.clone());
     let servers = HashMap::new();
     let entries = store.export_log(ExportSeq(0), 1_000_000).unwrap();
     assert!(entries.len() > traces.len(), "{} entries", entries.len());
@@ -137,7 +143,12 @@ fn spans_and_lookups_from_the_cache_equal_the_stores() {
                 e.reference
             );
         }
+        if !capture_content {
+            assert!(recent.held_traces() > 100, "one of two sinks read them");
+        }
     }
+    // Both passes (two sinks) read every call's trace from the cache.
+    assert_eq!(recent.held_traces(), 0);
     assert!(spans > entries.len(), "{spans} spans");
     assert!(!steps.is_empty());
 }
@@ -146,9 +157,9 @@ fn spans_and_lookups_from_the_cache_equal_the_stores() {
 #[test]
 fn the_cache_forgets_what_retention_deletes() {
     let dir = tempfile::tempdir().unwrap();
-    let recent = Arc::new(RecentRecords::default());
+    let recent = Arc::new(RecentRecords::new(1));
     let (traces, _, trajectories) = store_the_corpus(dir.path(), recent.clone());
-    assert!(recent.trace_without_bodies(&traces[0]).is_some());
+    assert!(recent.held_traces() > 100);
     // The recorded calls are from 2023; a writer that keeps 1 day deletes them all when it starts.
     let config = llmtap::config::StoreConfig {
         retention_days: 1,
@@ -164,6 +175,7 @@ fn the_cache_forgets_what_retention_deletes() {
     .unwrap();
     drop(tx);
     writer.join().unwrap();
+    assert_eq!(recent.held_traces(), 0);
     let store = StoreReader::open(dir.path()).unwrap();
     assert!(
         store.trace_without_bodies(&traces[0]).unwrap().is_none(),
@@ -171,7 +183,6 @@ fn the_cache_forgets_what_retention_deletes() {
     );
     let cached = StoreReader::open(dir.path()).unwrap().with_recent(recent.clone());
     for id in &traces {
-        assert!(recent.trace_without_bodies(id).is_none(), "trace {id}");
         assert!(cached.trace_without_bodies(id).unwrap().is_none(), "trace {id}");
     }
     // What retention kept (a trajectory whose steps remain) is still read, from the store.
@@ -190,7 +201,7 @@ fn the_cache_forgets_what_retention_deletes() {
 #[test]
 fn an_idle_writer_empties_the_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let recent = Arc::new(RecentRecords::default());
+    let recent = Arc::new(RecentRecords::new(1));
     let conn = llmtap::store::open_for_writing(dir.path()).unwrap();
     let metrics = Arc::new(llmtap::telemetry::Metrics::default());
     let (tx, writer) = StoreWriter::spawn(conn, Default::default(), metrics.clone(), recent.clone()).unwrap();
@@ -201,13 +212,16 @@ fn an_idle_writer_empties_the_cache() {
     tx.send(deriver.observe(p.trace, p.call));
     let held_after_commit = (0..100).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(5));
-        recent.trace_without_bodies(&id).is_some()
+        recent.held_traces() == 1
     });
     assert!(held_after_commit, "the committed trace is held");
     std::thread::sleep(std::time::Duration::from_millis(2_500));
-    assert!(recent.trace_without_bodies(&id).is_none(), "still held after 2.5 s idle");
+    assert_eq!(recent.held_traces(), 0, "still held after 2.5 s idle");
     let store = StoreReader::open(dir.path()).unwrap().with_recent(recent);
-    assert!(store.trace_without_bodies(&id).unwrap().is_some(), "read from the store");
+    assert!(
+        store.trace_without_bodies(&id).unwrap().is_some(),
+        "read from the store"
+    );
     drop(tx);
     writer.join().unwrap();
 }

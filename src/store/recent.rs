@@ -1,18 +1,18 @@
 //! What the writer committed last, kept in memory for the exporters.
 //!
-//! An exporter builds each call's span from the trace row, its agent step and, when the trajectory closes, the
-//! trajectory row, usually a fraction of a second after the writer committed them. Reading them back meant
-//! SQLite lookups and JSON (and zstd) decoding for records the writer had just held in memory. The writer now
-//! hands each committed batch to [`RecentRecords`] (it owns the records by then: nothing is copied but what an
-//! exporter reads), and a [`super::StoreReader`] given this cache answers the exporters' four lookups from it,
-//! and from the store for whatever the cache does not hold (a backlog older than the cache, a restart).
+//! An exporter builds each call's span from the trace row and its agent step, and an agent span from the
+//! trajectory row and its parent chain, usually a fraction of a second after the writer committed them. Rather
+//! than SQLite lookups and JSON (and zstd) decoding of records the writer held in memory a moment before, the
+//! writer hands each committed batch to [`RecentRecords`] (it owns the records by then: bodies are dropped,
+//! nothing is copied), and a [`super::StoreReader`] given this cache answers the exporters' four lookups from
+//! it, and from the store for whatever it does not hold (a backlog beyond its bounds, a restart).
 //!
 //! Each answer equals what the store gives for the same record: the writer's own normalization is applied on
 //! the way in (a trace's session id falls back to its session header, bodies are left out; a trajectory is held
-//! without its system prompts and tool definitions), and the test
-//! `store::recent::tests::answers_equal_the_stores` reads both over real derivations. The cache holds the last
-//! version committed, as the store does. It is bounded by entries (oldest out first) and cleared when
-//! retention deletes rows, so it never answers for a record the store no longer has.
+//! without its system prompts and tool definitions), and `tests/export_recent.rs` reads both over every recorded
+//! call. The cache holds the last version committed, as the store does. A call leaves it once every sink has
+//! read it; everything is bounded (oldest out first) and cleared when retention deletes rows, so the cache never
+//! answers for a record the store no longer has, and when the writer has been idle for a second.
 
 use std::collections::VecDeque;
 use std::hash::Hash;
@@ -25,14 +25,17 @@ use crate::model::record::Record;
 use crate::model::step::{StepRole, StepSpanFacts, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 
-/// Records of each kind held. An exporter that keeps up reads the export log every 200 ms at most, so at 10,000
-/// exchanges/s what it reads was committed within the last few thousand; one that lags reads the rest from the
-/// store.
-pub const DEFAULT_ENTRIES: usize = 4_096;
+/// Calls (a trace and its agent step) held at most, and their estimated bytes (see `held_bytes`). A call leaves
+/// once every sink has read it, so the cache holds what the sinks have yet to read: a few hundred calls while
+/// they keep up (they look at the export log every 200 ms at most), up to this bound while they lag (a burst, a
+/// sink that is down), after which they read the rest from the store.
+const CALLS: usize = 16_384;
+const CALL_BYTES: usize = 8 << 20;
 
-/// Estimated bytes held for each kind at most (see `held_bytes`): the whole cache stays within ~10 MiB however
-/// large the records' headers or summaries are. The writer empties it after a second without records.
-const DEFAULT_BYTES: usize = 3 << 20;
+/// Trajectories held at most, and their estimated bytes. A trajectory stays when read (its calls' spans look up
+/// its parent chain), so these bounds are what it holds under steady traffic.
+const TRAJECTORIES: usize = 4_096;
+const TRAJECTORY_BYTES: usize = 3 << 20;
 
 /// A map that forgets its oldest keys beyond `capacity` entries or `max_bytes` estimated bytes (by first
 /// insertion; replacing a value keeps its place).
@@ -77,6 +80,30 @@ impl<K: Hash + Eq + Clone, V> Bounded<K, V> {
         self.map.get(key).map(|(v, _)| v)
     }
 
+    fn get_mut<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: std::borrow::Borrow<Q>,
+    {
+        self.map.get_mut(key).map(|(v, _)| v)
+    }
+
+    fn contains<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> bool
+    where
+        K: std::borrow::Borrow<Q>,
+    {
+        self.map.contains_key(key)
+    }
+
+    /// Remove `key` (its place in the eviction order is dropped when it comes up).
+    fn remove<Q: Hash + Eq + ?Sized>(&mut self, key: &Q) -> Option<V>
+    where
+        K: std::borrow::Borrow<Q>,
+    {
+        let (value, size) = self.map.remove(key)?;
+        self.bytes -= size;
+        Some(value)
+    }
+
     fn clear(&mut self) {
         self.map.clear();
         self.order.clear();
@@ -119,6 +146,7 @@ fn trajectory_bytes(t: &TrajectorySummary) -> usize {
 
 /// The agent step a trace id leads to, as `StoreReader::step_span_facts_for_trace` finds it. A step's trace id
 /// is set when the deriver makes the step and stays with every later version of it.
+#[derive(Clone)]
 enum StepOfTrace {
     Step {
         step_id: String,
@@ -128,15 +156,26 @@ enum StepOfTrace {
     AskTheStore,
 }
 
+/// A value each reader (sink) takes once: the last one's read removes it. Each export-log entry of a call is read
+/// once per sink, so what the sinks have read leaves the cache at once, and the cache holds about what the sinks
+/// have yet to read.
+struct ReadOnce<V> {
+    value: V,
+    reads_left: usize,
+}
+
 struct Inner {
-    traces: Bounded<String, Arc<ProviderTrace>>,
-    steps_by_trace: Bounded<String, StepOfTrace>,
+    traces: Bounded<String, ReadOnce<ProviderTrace>>,
+    steps_by_trace: Bounded<String, ReadOnce<StepOfTrace>>,
+    /// Kept when read: a trajectory is looked up for each of its calls' spans (the parent chain) and its own.
     trajectories: Bounded<String, Arc<TrajectorySummary>>,
 }
 
 /// The exporters' view of the last committed records (see the module doc).
 pub struct RecentRecords {
     inner: Mutex<Inner>,
+    /// The sinks that read it; with none, nothing is held.
+    readers: usize,
 }
 
 impl std::fmt::Debug for RecentRecords {
@@ -149,21 +188,40 @@ impl std::fmt::Debug for RecentRecords {
     }
 }
 
+/// A cache with no readers: it holds nothing (a store without sinks).
 impl Default for RecentRecords {
     fn default() -> Self {
-        RecentRecords::new(DEFAULT_ENTRIES)
+        RecentRecords::new(0)
     }
 }
 
 impl RecentRecords {
-    pub fn new(entries: usize) -> RecentRecords {
+    /// A cache for `readers` sinks (see [`ReadOnce`]).
+    pub fn new(readers: usize) -> RecentRecords {
+        RecentRecords::bounded(readers, CALLS)
+    }
+
+    fn bounded(readers: usize, entries: usize) -> RecentRecords {
         RecentRecords {
             inner: Mutex::new(Inner {
-                traces: Bounded::new(entries, DEFAULT_BYTES),
-                steps_by_trace: Bounded::new(entries, DEFAULT_BYTES),
-                trajectories: Bounded::new(entries, DEFAULT_BYTES),
+                traces: Bounded::new(entries, CALL_BYTES),
+                steps_by_trace: Bounded::new(entries, CALL_BYTES),
+                trajectories: Bounded::new(entries.min(TRAJECTORIES), TRAJECTORY_BYTES),
             }),
+            readers,
         }
+    }
+
+    fn read_once<V>(&self, value: V) -> ReadOnce<V> {
+        ReadOnce {
+            value,
+            reads_left: self.readers,
+        }
+    }
+
+    /// How many traces are held: read by fewer than every sink, not yet evicted.
+    pub fn held_traces(&self) -> usize {
+        self.lock().traces.map.len()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -174,19 +232,32 @@ impl RecentRecords {
 
     /// Take in a batch the writer has committed, in the batch's order (a later version replaces an earlier one).
     pub fn remember(&self, batch: impl IntoIterator<Item = Record>) {
+        if self.readers == 0 {
+            return;
+        }
         let mut inner = self.lock();
+        // A trace is read for its call's span, which is logged with the call's agent step: a trace whose batch
+        // has no agent step for it (a call no adapter read) is never read, and is not held.
+        let mut traces: FxHashMap<String, ProviderTrace> = FxHashMap::default();
         for record in batch {
             match record {
                 Record::Trace(t) => {
                     let t = as_stored_without_bodies(*t);
-                    let size = trace_bytes(&t);
-                    inner.traces.insert(t.id.clone(), Arc::new(t), size);
+                    traces.insert(t.id.clone(), t);
                 }
                 Record::Step(s) => {
+                    // Its call's span reads the step with the trace: a step is held while its trace is (a later
+                    // version, after the span was built, is not needed).
                     let (StepRole::Agent, Some(trace_id)) = (s.role, &s.provider_trace_id) else {
                         continue;
                     };
-                    let entry = match inner.steps_by_trace.get(trace_id.as_str()) {
+                    if let Some(t) = traces.remove(trace_id) {
+                        let size = trace_bytes(&t);
+                        inner.traces.insert(trace_id.clone(), self.read_once(t), size);
+                    } else if !inner.traces.contains(trace_id.as_str()) {
+                        continue;
+                    }
+                    let entry = match inner.steps_by_trace.get(trace_id.as_str()).map(|e| &e.value) {
                         Some(StepOfTrace::Step { step_id, .. }) if *step_id != s.step_id => StepOfTrace::AskTheStore,
                         Some(StepOfTrace::AskTheStore) => StepOfTrace::AskTheStore,
                         _ => StepOfTrace::Step {
@@ -195,7 +266,9 @@ impl RecentRecords {
                         },
                     };
                     let size = held_bytes(std::mem::size_of::<StepOfTrace>(), [trace_id.as_str(), &s.step_id]);
-                    inner.steps_by_trace.insert(trace_id.clone(), entry, size);
+                    inner
+                        .steps_by_trace
+                        .insert(trace_id.clone(), self.read_once(entry), size);
                 }
                 Record::Trajectory(t) => {
                     // What `TrajectorySummary::without_heavy_parts` keeps, without copying it.
@@ -220,15 +293,17 @@ impl RecentRecords {
         inner.trajectories.clear();
     }
 
-    /// The trace without its bodies, as `StoreReader::trace_without_bodies` reads it; None: not held.
+    /// The trace without its bodies, as `StoreReader::trace_without_bodies` reads it (a read, see [`ReadOnce`]);
+    /// None: not held.
     pub fn trace_without_bodies(&self, id: &str) -> Option<ProviderTrace> {
-        self.lock().traces.get(id).map(|t| ProviderTrace::clone(t))
+        read_once(&mut self.lock().traces, id)
     }
 
-    /// The span facts of the agent step that made trace `trace_id`; None: not held (ask the store).
+    /// The span facts of the agent step that made trace `trace_id` (a read, see [`ReadOnce`]); None: not held
+    /// (ask the store).
     pub fn step_span_facts_for_trace(&self, trace_id: &str) -> Option<StepSpanFacts> {
-        match self.lock().steps_by_trace.get(trace_id)? {
-            StepOfTrace::Step { facts, .. } => Some(facts.clone()),
+        match read_once(&mut self.lock().steps_by_trace, trace_id)? {
+            StepOfTrace::Step { facts, .. } => Some(facts),
             StepOfTrace::AskTheStore => None,
         }
     }
@@ -242,6 +317,16 @@ impl RecentRecords {
     pub fn parent_trajectory(&self, id: &str) -> Option<Option<String>> {
         self.lock().trajectories.get(id).map(|t| t.parent_trajectory_id.clone())
     }
+}
+
+/// One reader's read of `key`: a copy while other readers have yet to read it, the value itself for the last one.
+fn read_once<V: Clone>(map: &mut Bounded<String, ReadOnce<V>>, key: &str) -> Option<V> {
+    let entry = map.get_mut(key)?;
+    if entry.reads_left > 1 {
+        entry.reads_left -= 1;
+        return Some(entry.value.clone());
+    }
+    map.remove(key).map(|e| e.value)
 }
 
 /// A trace as the store's row gives it back without bodies: the writer stores the session header when the
@@ -268,38 +353,69 @@ mod tests {
         Record::Trace(Box::new(t))
     }
 
+    /// A real agent step (derived from one call) made the step of trace `trace-{n}`.
+    fn agent_step(n: i64) -> Record {
+        let mut h = Harness::new(Api::OpenAiChat);
+        let mut step = h.send(call("sys", vec![user("hello")], text_out("hi"))).agent().clone();
+        step.step_id = format!("step-{n}");
+        step.provider_trace_id = Some(format!("trace-{n}"));
+        Record::Step(Box::new(step))
+    }
+
+    /// One call's records as the pipeline sends them: the trace, then its agent step.
+    fn call_records(ns: std::ops::Range<i64>) -> Vec<Record> {
+        ns.flat_map(|n| [trace_record(n), agent_step(n)]).collect()
+    }
+
+    fn held(recent: &RecentRecords, ids: std::ops::Range<i64>) -> Vec<i64> {
+        ids.filter(|n| recent.trace_without_bodies(&format!("trace-{n}")).is_some())
+            .collect()
+    }
+
     #[test]
     fn the_oldest_records_go_first_beyond_the_bound() {
-        let recent = RecentRecords::new(3);
-        recent.remember((0..5).map(trace_record));
-        let held: Vec<bool> = (0..5)
-            .map(|n| recent.trace_without_bodies(&format!("trace-{n}")).is_some())
-            .collect();
-        assert_eq!(held, [false, false, true, true, true]);
-        // A newer version replaces the value and keeps the place.
-        recent.remember([trace_record(2), trace_record(5)]);
-        assert!(recent.trace_without_bodies("trace-2").is_none());
-        assert!(recent.trace_without_bodies("trace-5").is_some());
+        let recent = RecentRecords::bounded(1, 3);
+        recent.remember(call_records(0..5));
+        assert_eq!(recent.held_traces(), 3);
+        assert_eq!(held(&recent, 0..5), [2, 3, 4]);
+    }
+
+    #[test]
+    fn each_sink_reads_a_call_once_and_the_last_read_lets_it_go() {
+        let recent = RecentRecords::new(2);
+        recent.remember(call_records(1..2));
+        assert!(recent.trace_without_bodies("trace-1").is_some(), "first sink");
+        assert_eq!(recent.held_traces(), 1, "the second sink has yet to read it");
+        assert!(recent.trace_without_bodies("trace-1").is_some(), "second sink");
+        assert_eq!(recent.held_traces(), 0);
+        assert!(
+            recent.trace_without_bodies("trace-1").is_none(),
+            "a third read asks the store"
+        );
+        // Without sinks nothing is held.
+        let none = RecentRecords::default();
+        none.remember(call_records(2..3));
+        assert_eq!(none.held_traces(), 0);
+        // A trace without an agent step in its batch is never read for a span: not held.
+        recent.remember([trace_record(3)]);
+        assert_eq!(recent.held_traces(), 0);
     }
 
     #[test]
     fn large_records_are_bounded_by_their_size() {
-        let recent = RecentRecords::default();
-        // Ten traces with 1 MiB of headers each: the 3 MiB budget holds the newest two.
-        recent.remember((0..10).map(|n| {
+        let recent = RecentRecords::new(1);
+        // Ten traces with 1 MiB of headers each: the 8 MiB budget holds the newest seven.
+        recent.remember((0..10).flat_map(|n| {
             let Record::Trace(mut t) = trace_record(n) else {
                 unreachable!()
             };
             t.response_headers.push(("x-large".into(), "x".repeat(1 << 20)));
-            Record::Trace(t)
+            [Record::Trace(t), agent_step(n)]
         }));
-        let held: Vec<i64> = (0..10)
-            .filter(|n| recent.trace_without_bodies(&format!("trace-{n}")).is_some())
-            .collect();
-        assert_eq!(held, [8, 9]);
+        assert_eq!(held(&recent, 0..10), [3, 4, 5, 6, 7, 8, 9]);
         // Small records are held by count, far below the budget.
-        recent.remember((10..1_010).map(trace_record));
-        assert!((10..1_010).all(|n| recent.trace_without_bodies(&format!("trace-{n}")).is_some()));
+        recent.remember(call_records(10..1_010));
+        assert_eq!(recent.held_traces(), 1_000);
     }
 
     #[test]
@@ -310,33 +426,54 @@ mod tests {
         t.meta.session = Some("from-header".into());
         t.session_id = None;
         let id = t.id.clone();
-        let recent = RecentRecords::default();
-        recent.remember([Record::Trace(Box::new(t))]);
+        let recent = RecentRecords::new(1);
+        recent.remember([Record::Trace(Box::new(t)), agent_step(0)].map(|r| match r {
+            Record::Step(mut s) => {
+                s.provider_trace_id = Some(id.clone());
+                Record::Step(s)
+            }
+            r => r,
+        }));
         let held = recent.trace_without_bodies(&id).unwrap_or_else(|| panic!("not held"));
         assert!(held.request.is_null() && held.response.is_null() && held.raw_response.is_none());
         assert_eq!(held.session_id.as_deref(), Some("from-header"));
     }
 
     #[test]
-    fn a_trace_two_agent_steps_name_is_left_to_the_store() {
+    fn a_step_is_held_with_its_trace_and_a_trace_two_steps_name_is_left_to_the_store() {
         let mut h = Harness::new(Api::OpenAiChat);
-        let out = h.send(call("sys", vec![user("hello")], text_out("hi")));
-        let step = out.agent().clone();
-        let Some(trace_id) = step.provider_trace_id.clone() else {
-            panic!("an agent step names its trace")
-        };
-        let recent = RecentRecords::default();
+        let mut t = trace(Api::OpenAiChat, h.now, h.now + 1_000_000);
+        t.id = "the-trace".into();
+        let records = h
+            .deriver
+            .observe(t, Some(call("sys", vec![user("hello")], text_out("hi"))));
+        let step = records
+            .iter()
+            .find_map(|r| match r {
+                Record::Step(s) if s.role == StepRole::Agent => Some((**s).clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no agent step"));
+        assert_eq!(step.provider_trace_id.as_deref(), Some("the-trace"));
+        // Without its trace the step is not held.
+        let recent = RecentRecords::new(1);
+        recent.remember([Record::Step(Box::new(step.clone()))]);
+        assert_eq!(recent.step_span_facts_for_trace("the-trace"), None);
+        // With it, it is, once; a later version replaces it.
+        let recent = RecentRecords::new(1);
+        recent.remember(records.clone());
         recent.remember([Record::Step(Box::new(step.clone()))]);
         assert_eq!(
-            recent.step_span_facts_for_trace(&trace_id),
+            recent.step_span_facts_for_trace("the-trace"),
             Some(StepSpanFacts::from(&step))
         );
-        // Its next version still answers; another step naming the same trace does not.
-        recent.remember([Record::Step(Box::new(step.clone()))]);
-        assert!(recent.step_span_facts_for_trace(&trace_id).is_some());
+        assert_eq!(recent.step_span_facts_for_trace("the-trace"), None, "read once");
+        // Another step naming the same trace: the store decides.
+        let recent = RecentRecords::new(1);
+        recent.remember(records);
         let mut other = step;
         other.step_id.push_str("#2");
         recent.remember([Record::Step(Box::new(other))]);
-        assert_eq!(recent.step_span_facts_for_trace(&trace_id), None);
+        assert_eq!(recent.step_span_facts_for_trace("the-trace"), None);
     }
 }
