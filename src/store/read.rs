@@ -115,8 +115,8 @@ impl StoreReader {
         Ok(StoreReader { conn, recent: None })
     }
 
-    /// Answer `trace_without_bodies`, `step_span_facts_for_trace`, `trajectory_light` and `parent_trajectory`
-    /// from `recent` when it holds the record, from the store otherwise.
+    /// Answer `trace_without_bodies`, `step_span_facts_for_trace` and `parent_trajectory` from `recent` when it
+    /// holds the record, from the store otherwise.
     pub fn with_recent(mut self, recent: Arc<RecentRecords>) -> StoreReader {
         self.recent = Some(recent);
         self

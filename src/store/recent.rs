@@ -1,28 +1,28 @@
 //! What the writer committed last, kept in memory for the exporters.
 //!
-//! An exporter builds each call's span from the trace row and its agent step, and an agent span from the
-//! trajectory row and its parent chain, usually a fraction of a second after the writer committed them. Rather
-//! than SQLite lookups and JSON (and zstd) decoding of records the writer held in memory a moment before, the
-//! writer hands each committed batch to [`RecentRecords`] (it owns the records by then: bodies are dropped,
-//! nothing is copied), and a [`super::StoreReader`] given this cache answers the exporters' four lookups from
-//! it, and from the store for whatever it does not hold (a backlog beyond its bounds, a restart).
+//! An exporter builds each call's span from the trace row, its agent step and the trajectory's parent chain (the
+//! trace the span belongs to), usually a fraction of a second after the writer committed them. Rather than
+//! SQLite lookups and JSON (and zstd) decoding of records the writer held in memory a moment before, the writer
+//! hands each committed batch to [`RecentRecords`] (it owns the records by then: bodies are dropped, nothing is
+//! copied), and a [`super::StoreReader`] given this cache answers those three lookups from it, and from the
+//! store for whatever it does not hold (a backlog beyond its bounds, a restart). An agent span, built when its
+//! trajectory closes (usually long after its last call), reads the store.
 //!
 //! Each answer equals what the store gives for the same record: the writer's own normalization is applied on
-//! the way in (a trace's session id falls back to its session header, bodies are left out; a trajectory is held
-//! without its system prompts and tool definitions), and `tests/export_recent.rs` reads both over every recorded
-//! call. The cache holds the last version committed, as the store does. A call leaves it once every sink has
+//! the way in (a trace's session id falls back to its session header, bodies are left out), and
+//! `tests/export_recent.rs` reads both over every recorded call. The cache holds the last version committed, as the store does. A call leaves it once every sink has
 //! read it; everything is bounded (oldest out first) and cleared when retention deletes rows, so the cache never
 //! answers for a record the store no longer has, and when the writer has been idle for a second.
 
 use std::collections::VecDeque;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
 
 use crate::model::json::JsonText;
 use crate::model::record::Record;
-use crate::model::step::{StepRole, StepSpanFacts, TrajectorySummary};
+use crate::model::step::{StepRole, StepSpanFacts};
 use crate::model::trace::ProviderTrace;
 
 /// Calls (a trace and its agent step) held at most, and their estimated bytes (see `held_bytes`). A call leaves
@@ -32,10 +32,10 @@ use crate::model::trace::ProviderTrace;
 const CALLS: usize = 16_384;
 const CALL_BYTES: usize = 8 << 20;
 
-/// Trajectories held at most, and their estimated bytes. A trajectory stays when read (its calls' spans look up
-/// its parent chain), so these bounds are what it holds under steady traffic.
-const TRAJECTORIES: usize = 4_096;
-const TRAJECTORY_BYTES: usize = 3 << 20;
+/// Trajectories whose parent link is held at most, and their estimated bytes. A link stays when read (each of
+/// the trajectory's calls looks it up), so these bounds are what it holds under steady traffic.
+const TRAJECTORIES: usize = 16_384;
+const TRAJECTORY_BYTES: usize = 2 << 20;
 
 /// A map that forgets its oldest keys beyond `capacity` entries or `max_bytes` estimated bytes (by first
 /// insertion; replacing a value keeps its place).
@@ -131,19 +131,6 @@ fn trace_bytes(t: &ProviderTrace) -> usize {
     )
 }
 
-fn trajectory_bytes(t: &TrajectorySummary) -> usize {
-    held_bytes(
-        std::mem::size_of::<TrajectorySummary>() + 256,
-        [t.trajectory_id.as_str(), &t.started_at, &t.ended_at]
-            .into_iter()
-            .chain(t.models.iter().map(String::as_str))
-            .chain(t.session_id.as_deref())
-            .chain(t.agent.as_deref())
-            .chain(t.parent_trajectory_id.as_deref())
-            .chain(t.parent_tool_call_id.as_deref()),
-    )
-}
-
 /// The agent step a trace id leads to, as `StoreReader::step_span_facts_for_trace` finds it. A step's trace id
 /// is set when the deriver makes the step and stays with every later version of it.
 #[derive(Clone)]
@@ -167,8 +154,8 @@ struct ReadOnce<V> {
 struct Inner {
     traces: Bounded<String, ReadOnce<ProviderTrace>>,
     steps_by_trace: Bounded<String, ReadOnce<StepOfTrace>>,
-    /// Kept when read: a trajectory is looked up for each of its calls' spans (the parent chain) and its own.
-    trajectories: Bounded<String, Arc<TrajectorySummary>>,
+    /// Trajectory id → its parent's (None: a root). Kept when read.
+    parents: Bounded<String, Option<String>>,
 }
 
 /// The exporters' view of the last committed records (see the module doc).
@@ -183,7 +170,7 @@ impl std::fmt::Debug for RecentRecords {
         let inner = self.lock();
         f.debug_struct("RecentRecords")
             .field("traces", &inner.traces.map.len())
-            .field("trajectories", &inner.trajectories.map.len())
+            .field("parents", &inner.parents.map.len())
             .finish_non_exhaustive()
     }
 }
@@ -206,7 +193,7 @@ impl RecentRecords {
             inner: Mutex::new(Inner {
                 traces: Bounded::new(entries, CALL_BYTES),
                 steps_by_trace: Bounded::new(entries, CALL_BYTES),
-                trajectories: Bounded::new(entries.min(TRAJECTORIES), TRAJECTORY_BYTES),
+                parents: Bounded::new(TRAJECTORIES, TRAJECTORY_BYTES),
             }),
             readers,
         }
@@ -271,14 +258,13 @@ impl RecentRecords {
                         .insert(trace_id.clone(), self.read_once(entry), size);
                 }
                 Record::Trajectory(t) => {
-                    // What `TrajectorySummary::without_heavy_parts` keeps, without copying it.
-                    let mut light = *t;
-                    light.system_prompts = Default::default();
-                    light.tool_definitions = Vec::new();
-                    let size = trajectory_bytes(&light);
-                    inner
-                        .trajectories
-                        .insert(light.trajectory_id.clone(), Arc::new(light), size);
+                    let size = held_bytes(
+                        std::mem::size_of::<(String, Option<String>)>(),
+                        [t.trajectory_id.as_str()]
+                            .into_iter()
+                            .chain(t.parent_trajectory_id.as_deref()),
+                    );
+                    inner.parents.insert(t.trajectory_id, t.parent_trajectory_id, size);
                 }
             }
         }
@@ -290,7 +276,7 @@ impl RecentRecords {
         let mut inner = self.lock();
         inner.traces.clear();
         inner.steps_by_trace.clear();
-        inner.trajectories.clear();
+        inner.parents.clear();
     }
 
     /// The trace without its bodies, as `StoreReader::trace_without_bodies` reads it (a read, see [`ReadOnce`]);
@@ -308,14 +294,9 @@ impl RecentRecords {
         }
     }
 
-    /// The trajectory without its system prompts and tool definitions; None: not held.
-    pub fn trajectory_light(&self, id: &str) -> Option<TrajectorySummary> {
-        self.lock().trajectories.get(id).map(|t| TrajectorySummary::clone(t))
-    }
-
     /// The trajectory's parent: outer None when the trajectory is not held.
     pub fn parent_trajectory(&self, id: &str) -> Option<Option<String>> {
-        self.lock().trajectories.get(id).map(|t| t.parent_trajectory_id.clone())
+        self.lock().parents.get(id).cloned()
     }
 }
 
