@@ -94,7 +94,7 @@ pub struct SessionRow {
 pub struct StoreReader {
     pub(super) conn: Connection,
     /// The writer's last committed records, for the exporters' lookups (see `recent.rs`).
-    pub(super) recent: Option<Arc<RecentRecords>>,
+    recent: Option<Arc<RecentRecords>>,
 }
 
 impl StoreReader {

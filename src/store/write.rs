@@ -73,19 +73,10 @@ impl StoreWriter {
 const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Retention runs on the writer thread (the only writer): at start, then between batches and on idle seconds
-/// once [`RETENTION_INTERVAL`] has passed, so an llmtap that restarts over a store beyond its limits, or that
-/// stops receiving traffic, still trims it.
-fn retention_when_due(
-    conn: &Connection,
-    config: &StoreConfig,
-    metrics: &Metrics,
-    last: &mut Instant,
-    chunks: &mut ChunkCache,
-    recent: &RecentRecords,
-) {
-    if last.elapsed() >= RETENTION_INTERVAL {
-        retain_now(conn, config, metrics, last, chunks, recent);
-    }
+/// once [`RETENTION_INTERVAL`] has passed since the last run, so an llmtap that restarts over a store beyond its
+/// limits, or that stops receiving traffic, still trims it.
+fn retention_due(last: Instant) -> bool {
+    last.elapsed() >= RETENTION_INTERVAL
 }
 
 fn retain_now(
@@ -149,7 +140,9 @@ fn run(
             Err(RecvTimeoutError::Timeout) => {
                 recent.forget();
                 crate::allocator::release_when_idle();
-                retention_when_due(&conn, &config, &metrics, &mut last_retention, &mut chunks, &recent);
+                if retention_due(last_retention) {
+                    retain_now(&conn, &config, &metrics, &mut last_retention, &mut chunks, &recent);
+                }
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,
@@ -188,7 +181,9 @@ fn run(
             Err(e) => metrics.store_error(&e),
         }
         batch.clear();
-        retention_when_due(&conn, &config, &metrics, &mut last_retention, &mut chunks, &recent);
+        if retention_due(last_retention) {
+            retain_now(&conn, &config, &metrics, &mut last_retention, &mut chunks, &recent);
+        }
     }
     let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
 }

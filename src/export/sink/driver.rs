@@ -273,14 +273,11 @@ impl<S: Sink> Driver<S> {
             let handles = match open {
                 Some(h) => h,
                 None => match Cursor::open(&data_dir, &name).and_then(|cursor| {
-                    let reader = StoreReader::open(&data_dir)?;
-                    Ok((
-                        cursor,
-                        match recent {
-                            Some(r) => reader.with_recent(r),
-                            None => reader,
-                        },
-                    ))
+                    let mut reader = StoreReader::open(&data_dir)?;
+                    if let Some(r) = recent {
+                        reader = reader.with_recent(r);
+                    }
+                    Ok((cursor, reader))
                 }) {
                     Ok((cursor, reader)) => StoreHandles { cursor, reader },
                     Err(e) => return (None, Err(e)),
