@@ -10,9 +10,10 @@
 //!
 //! Each answer equals what the store gives for the same record: the writer's own normalization is applied on
 //! the way in (a trace's session id falls back to its session header, bodies are left out), and
-//! `tests/export_recent.rs` reads both over every recorded call. The cache holds the last version committed, as the store does. A call leaves it once every sink has
-//! read it; everything is bounded (oldest out first) and cleared when retention deletes rows, so the cache never
-//! answers for a record the store no longer has, and when the writer has been idle for a second.
+//! `tests/export_recent.rs` reads both over every recorded call. The cache holds the last version committed, as
+//! the store does. A call leaves it once every sink has read it. Everything is bounded (oldest out first), and
+//! cleared when retention deletes rows (so the cache never answers for a record the store no longer has) and
+//! when the writer has been idle for a second.
 
 use std::collections::VecDeque;
 use std::hash::Hash;
