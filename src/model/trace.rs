@@ -96,11 +96,17 @@ pub struct TraceHead {
 }
 
 impl ProviderTrace {
+    /// The call's session: its own session id, or else the session header the client sent. The store keeps this
+    /// in the trace's `session_id` column.
+    pub fn session(&self) -> Option<&String> {
+        self.session_id.as_ref().or(self.meta.session.as_ref())
+    }
+
     pub fn head(&self) -> TraceHead {
         TraceHead {
             id: self.id.clone(),
             trajectory_id: self.trajectory_id.clone(),
-            session: self.session_id.clone().or_else(|| self.meta.session.clone()),
+            session: self.session().cloned(),
             agent: self.meta.agent.clone(),
             upstream: self.upstream.clone(),
             api: self.api,

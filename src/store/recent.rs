@@ -39,7 +39,8 @@ const TRAJECTORIES: usize = 16_384;
 const TRAJECTORY_BYTES: usize = 2 << 20;
 
 /// A map that forgets its oldest keys beyond `capacity` entries or `max_bytes` estimated bytes (by first
-/// insertion; replacing a value keeps its place).
+/// insertion; replacing a value keeps its place). A removed key keeps its place in the order until it comes up:
+/// the bounds then count it, which only makes the map hold a little less.
 struct Bounded<K, V> {
     map: FxHashMap<K, (V, usize)>,
     order: VecDeque<K>,
@@ -311,15 +312,13 @@ fn read_once<V: Clone>(map: &mut Bounded<String, ReadOnce<V>>, key: &str) -> Opt
     map.remove(key).map(|e| e.value)
 }
 
-/// A trace as the store's row gives it back without bodies: the writer stores the session header when the
-/// trace has no session id of its own (`write::insert_trace`).
+/// A trace as the store's row gives it back without bodies: its `session_id` column holds
+/// [`ProviderTrace::session`].
 fn as_stored_without_bodies(mut t: ProviderTrace) -> ProviderTrace {
     t.request = JsonText::default();
     t.response = JsonText::default();
     t.raw_response = None;
-    if t.session_id.is_none() {
-        t.session_id = t.meta.session.clone();
-    }
+    t.session_id = t.session().cloned();
     t
 }
 

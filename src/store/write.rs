@@ -265,7 +265,7 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace, chunks: &mut 
             ?23, ?24, ?25, ?26, ?27, ?28, ?29)")?.execute(params![
             t.id,
             t.trajectory_id,
-            t.session_id.as_ref().or(t.meta.session.as_ref()),
+            t.session(),
             t.meta.agent,
             t.upstream,
             t.api.as_str(),

@@ -149,7 +149,7 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             initial: ctx.config.retry_initial,
             max: ctx.config.retry_max,
         },
-        recent: Some(ctx.recent),
+        recent: ctx.recent,
     };
     let sink = OtlpSink {
         config: ctx.config,

@@ -349,7 +349,7 @@ impl<'a> SpanBuilder<'a> {
         if let Some(session) = &trace.meta.session {
             attrs.push(s(sc::LLMTAP_SESSION_ID, session.clone()));
         }
-        if let Some(session) = trace.session_id.as_ref().or(trace.meta.session.as_ref()) {
+        if let Some(session) = trace.session() {
             attrs.push(s(sc::SESSION_ID, session.clone()));
         }
         if let (true, Some(fb)) = (trace.streamed, trace.timings.first_byte) {

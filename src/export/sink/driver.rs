@@ -37,7 +37,7 @@ pub struct DriverConfig {
     /// Retry backoff; `retry.max` also caps server-given delays and paces probes of a paused sink.
     pub retry: RetryPolicy,
     /// The writer's last committed records, which the sink's reader consults before the store.
-    pub recent: Option<Arc<RecentRecords>>,
+    pub recent: Arc<RecentRecords>,
 }
 
 /// The sink's own store connections, opened once and kept across batches: opening SQLite connections per batch
@@ -272,13 +272,9 @@ impl<S: Sink> Driver<S> {
             crate::background::run_in_background();
             let handles = match open {
                 Some(h) => h,
-                None => match Cursor::open(&data_dir, &name).and_then(|cursor| {
-                    let mut reader = StoreReader::open(&data_dir)?;
-                    if let Some(r) = recent {
-                        reader = reader.with_recent(r);
-                    }
-                    Ok((cursor, reader))
-                }) {
+                None => match Cursor::open(&data_dir, &name)
+                    .and_then(|cursor| Ok((cursor, StoreReader::open(&data_dir)?.with_recent(recent))))
+                {
                     Ok((cursor, reader)) => StoreHandles { cursor, reader },
                     Err(e) => return (None, Err(e)),
                 },
