@@ -3,8 +3,9 @@
 //! Every recorded agent session and every single recorded call goes through the pipeline's own processing and
 //! derivation, into a real store writer thread and SQLite file, a batch per call as the pipeline sends them. Then
 //! every record the exporters look up is read both ways, and every export-log entry is turned into spans by a
-//! reader that asks the store and by two (two sinks) that ask the cache first. Some calls carry a session header,
-//! so the writer's session fallback is covered as well.
+//! reader that asks the store and by two (two sinks) that ask the cache first. Some calls carry a session header.
+//! (A trace the deriver read always has its own session id; the fallback to the header, for a trace it did not
+//! read, is covered by `store::recent`'s unit tests.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
