@@ -5,6 +5,7 @@ use rusqlite::{OptionalExtension, params_from_iter, types::Value as SqlValue};
 
 use super::StoreError;
 use super::read::{StoreReader, TRACE_SELECT, summary_from_row, trace_from_row};
+use super::sql::{in_session, session_key, steps_of};
 use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, Outcome, Timings};
 use crate::model::step::{Step, TrajectorySummary};
@@ -73,11 +74,11 @@ fn session_page_sql(q: &SessionQuery) -> (String, Vec<SqlValue>) {
         );
         // Searching step bodies scans the trajectory's steps (by index); `step_text` (registered by
         // `StoreReader::open`) reads a compressed step body as its JSON text.
-        member.push(
-            "(m.body LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM steps s WHERE s.trajectory_id = m.trajectory_id \
-             AND step_text(s.body) LIKE ? ESCAPE '\\'))"
-                .into(),
-        );
+        member.push(format!(
+            "(m.body LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM steps s WHERE {} \
+             AND step_text(s.body) LIKE ? ESCAPE '\\'))",
+            steps_of("s", "m.trajectory_id")
+        ));
         member_params.push(SqlValue::Text(like.clone()));
         member_params.push(SqlValue::Text(like));
     }
@@ -85,7 +86,10 @@ fn session_page_sql(q: &SessionQuery) -> (String, Vec<SqlValue>) {
     let mut params = Vec::new();
     if let Some((started, id)) = &q.before {
         // The first term bounds the index range; the row value breaks ties on the start by session key.
-        cond.push(format!("t.started_us <= ? AND (t.started_us, {}) < (?, ?)", key("t")));
+        cond.push(format!(
+            "t.started_us <= ? AND (t.started_us, {}) < (?, ?)",
+            session_key("t")
+        ));
         params.extend([
             SqlValue::Integer(*started),
             SqlValue::Integer(*started),
@@ -96,28 +100,25 @@ fn session_page_sql(q: &SessionQuery) -> (String, Vec<SqlValue>) {
         cond.push("t.started_us <= ?".into());
         params.push(SqlValue::Integer(t));
     }
-    // Each probe names the session key as `key` spells it, the `trajectories_session_start` index's expression.
-    // `t` is the first of its session: no trajectory of the session sorts before it.
+    // Each probe asks for `t`'s session through `in_session` (by index). `t` is the first of its session: no
+    // trajectory of the session sorts before it.
     cond.push(format!(
-        "NOT EXISTS (SELECT 1 FROM trajectories f WHERE {} = {} AND f.started_us <= t.started_us
+        "NOT EXISTS (SELECT 1 FROM trajectories f WHERE {} AND f.started_us <= t.started_us
             AND (f.started_us < t.started_us OR f.trajectory_id < t.trajectory_id))",
-        key("f"),
-        key("t")
+        in_session("f", &session_key("t"))
     ));
     if let Some(t) = q.since_us {
         // The session ended at or after `since` when one of its trajectories did (`t` first: no probe).
         cond.push(format!(
-            "(t.ended_us >= ? OR EXISTS (SELECT 1 FROM trajectories e WHERE {} = {} AND e.ended_us >= ?))",
-            key("e"),
-            key("t")
+            "(t.ended_us >= ? OR EXISTS (SELECT 1 FROM trajectories e WHERE {} AND e.ended_us >= ?))",
+            in_session("e", &session_key("t"))
         ));
         params.extend([SqlValue::Integer(t), SqlValue::Integer(t)]);
     }
     if !member.is_empty() {
         cond.push(format!(
-            "EXISTS (SELECT 1 FROM trajectories m WHERE {} = {} AND {})",
-            key("m"),
-            key("t"),
+            "EXISTS (SELECT 1 FROM trajectories m WHERE {} AND {})",
+            in_session("m", &session_key("t")),
             member.join(" AND ")
         ));
         params.extend(member_params);
@@ -126,15 +127,10 @@ fn session_page_sql(q: &SessionQuery) -> (String, Vec<SqlValue>) {
     let sql = format!(
         "SELECT {} AS session, t.started_us FROM trajectories t INDEXED BY trajectories_started
          WHERE {} ORDER BY t.started_us DESC, session DESC LIMIT ?",
-        key("t"),
+        session_key("t"),
         cond.join(" AND ")
     );
     (sql, params)
-}
-
-/// A trajectory's session key (`TrajectorySummary::session_key`) in SQL, for the trajectories row `alias`.
-fn key(alias: &str) -> String {
-    format!("COALESCE({alias}.session_id, {alias}.trajectory_id)")
 }
 
 impl StoreReader {
@@ -163,11 +159,14 @@ impl StoreReader {
     }
 
     /// The session `id` names: a session key, else the session of the trajectory with that id (so that a
-    /// trajectory's id leads to its whole session). Both by index: `trajectories_session_start`, the primary key.
+    /// trajectory's id leads to its whole session). Both by index (`sql::in_session`, the primary key).
     pub fn session_of(&self, id: &str) -> Result<Option<String>, StoreError> {
         let is_session = self
             .conn
-            .prepare_cached("SELECT 1 FROM trajectories WHERE COALESCE(session_id, trajectory_id) = ?1 LIMIT 1")?
+            .prepare_cached(&format!(
+                "SELECT 1 FROM trajectories t WHERE {} LIMIT 1",
+                in_session("t", "?1")
+            ))?
             .exists([id])?;
         if is_session {
             return Ok(Some(id.to_owned()));
@@ -179,13 +178,14 @@ impl StoreReader {
             .optional()?)
     }
 
-    /// Every trajectory of a session (by the `trajectories_session_start` index), oldest first, each with its start in
-    /// Unix micros, without system prompts and tool definitions.
+    /// Every trajectory of a session (by index, `sql::in_session`), oldest first, each with its start in Unix
+    /// micros, without system prompts and tool definitions.
     pub fn session_trajectories(&self, session: &str) -> Result<Vec<(i64, TrajectorySummary)>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT trajectory_id, body, NULL, NULL, started_us FROM trajectories
-             WHERE COALESCE(session_id, trajectory_id) = ?1 ORDER BY started_us, trajectory_id",
-        )?;
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT trajectory_id, body, NULL, NULL, started_us FROM trajectories t
+             WHERE {} ORDER BY started_us, trajectory_id",
+            in_session("t", "?1")
+        ))?;
         let mut rows = stmt.query([session])?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
@@ -247,12 +247,16 @@ impl StoreReader {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// A page of a trajectory's steps after index `after` (exclusive), by the `steps_trajectory` index.
+    /// A page of a trajectory's steps after index `after` (exclusive). The trajectory's steps are one range of
+    /// the step id index (`sql::steps_of`), in text order ("/10" before "/2"): the page's keys are sorted by
+    /// index without their bodies, then its bodies read by primary key.
     pub fn steps_page(&self, trajectory_id: &str, after: Option<u32>, limit: u32) -> Result<Vec<Step>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT step_id, body FROM steps WHERE trajectory_id = ?1 AND step_index > ?2
-             ORDER BY step_index, seq LIMIT ?3",
-        )?;
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT step_id, body FROM steps WHERE seq IN (
+                 SELECT s.seq FROM steps s WHERE {} AND s.step_index > ?2 ORDER BY s.step_index, s.seq LIMIT ?3)
+             ORDER BY step_index, seq",
+            steps_of("s", "?1")
+        ))?;
         let after = after.map_or(-1, i64::from);
         let rows = stmt.query_map(
             rusqlite::params![trajectory_id, after, i64::from(limit.clamp(1, 1000))],
@@ -454,7 +458,7 @@ mod tests {
     }
 
     #[test]
-    fn a_page_walks_trajectories_by_start_and_probes_sessions_by_key() {
+    fn a_page_walks_trajectories_by_start_and_probes_sessions_by_index() {
         let (_dir, reader) = store(&rows());
         let q = SessionQuery {
             agent: Some("claude".into()),
@@ -480,12 +484,17 @@ mod tests {
         assert!(plan.contains("USING INDEX trajectories_started"), "{plan}");
         // Only ties on the start are sorted, not the whole walk.
         assert!(!plan.contains("TEMP B-TREE FOR ORDER BY"), "{plan}");
+        // Each probe is two index searches (`sql::in_session`): the named sessions, and the trajectory that is
+        // its own session, by primary key.
         for alias in ["f", "e", "m"] {
-            let probe = plan.lines().any(|l| {
-                l.starts_with(&format!("SEARCH {alias} ")) && l.contains("USING INDEX trajectories_session_start")
-            });
-            assert!(probe, "{alias}: {plan}");
+            for index in ["trajectories_named_session", "sqlite_autoindex_trajectories_1"] {
+                let probe = plan
+                    .lines()
+                    .any(|l| l.starts_with(&format!("SEARCH {alias} ")) && l.contains(&format!("USING INDEX {index}")));
+                assert!(probe, "{alias}, {index}: {plan}");
+            }
         }
+        assert!(!plan.lines().any(|l| l.starts_with("SCAN ")), "{plan}");
     }
 
     #[test]
@@ -523,5 +532,80 @@ mod tests {
         expected.sort_by(|a, b| (a.2, &a.0).cmp(&(b.2, &b.0)));
         assert!(expected.len() > 2);
         assert_eq!(ids, expected.iter().map(|r| r.0.clone()).collect::<Vec<_>>());
+    }
+
+    /// A trajectory's steps come in index order although their ids sort as text ("/10" before "/2"), page by
+    /// page, from the step id index (schema v9 has no index by trajectory), and only that trajectory's.
+    #[test]
+    fn a_trajectorys_steps_page_in_index_order_by_their_id_range() {
+        use crate::derive::testkit::{Harness, assistant, call, text_out, trace, user};
+        use crate::model::record::Record;
+        let mut h = Harness::new(Api::OpenAiChat);
+        let mut records = Vec::new();
+        // Two conversations; the first grows to 15 calls (30 steps), the second starts with the first's text.
+        for (task, calls) in [("port the parser", 15), ("port the parser to C", 2)] {
+            let mut messages = vec![user(task)];
+            for i in 0..calls {
+                let t = trace(h.api, h.now, h.now + 1_000);
+                h.now += 1_000_000;
+                records.extend(
+                    h.deriver
+                        .observe(t, Some(call("agent", messages.clone(), text_out(&format!("ok {i}"))))),
+                );
+                messages.push(assistant(&format!("ok {i}")));
+                messages.push(user(&format!("next {i}")));
+            }
+        }
+        let trajectory = records
+            .iter()
+            .find_map(|r| match r {
+                Record::Trajectory(t) => Some(t.trajectory_id.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no trajectory"));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = super::super::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        super::super::write::write_batch(&mut conn, &records, &mut super::super::chunks::ChunkCache::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let reader = StoreReader::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let mut expected: Vec<(i64, String)> = reader
+            .conn
+            .prepare("SELECT step_index, step_id FROM steps WHERE trajectory_id = ?1 ORDER BY step_index, seq")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .query_map([&trajectory], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(expected.len() >= 20, "{expected:?}");
+        let mut read = Vec::new();
+        let mut after = None;
+        loop {
+            let page = reader
+                .steps_page(&trajectory, after, 7)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let Some(last) = page.last() else { break };
+            after = Some(last.step_index);
+            assert!(page.len() <= 7);
+            read.extend(page.into_iter().map(|s| (i64::from(s.step_index), s.step_id)));
+        }
+        assert_eq!(read, expected);
+        expected.sort_by(|a, b| a.1.cmp(&b.1));
+        assert_ne!(read, expected, "ids in text order differ from index order");
+        let mut stmt = reader
+            .conn
+            .prepare(&format!(
+                "EXPLAIN QUERY PLAN SELECT s.seq FROM steps s WHERE {}",
+                steps_of("s", "?1")
+            ))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plan: Vec<String> = stmt
+            .query_map([&trajectory], |r| r.get(3))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            plan,
+            ["SEARCH s USING INDEX sqlite_autoindex_steps_1 (step_id>? AND step_id<?)"]
+        );
     }
 }

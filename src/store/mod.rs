@@ -13,6 +13,7 @@ mod private;
 mod read;
 pub mod recent;
 mod schema;
+mod sql;
 mod write;
 
 pub use browse::{CallHead, SessionHead, SessionQuery};

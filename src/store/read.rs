@@ -11,6 +11,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params_from_iter, 
 use super::StoreError;
 use super::codec::decompress;
 use super::recent::RecentRecords;
+use super::sql::{in_session, steps_of};
 use crate::config::StoreConfig;
 use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings};
@@ -35,33 +36,39 @@ pub struct TraceFilter {
 impl TraceFilter {
     /// SQL condition over the `traces` or `steps` row named `row` (its alias), with its parameters.
     ///
-    /// A session is the trajectories with that session key (`trajectories_session_start`), then their rows by
-    /// trajectory (`traces_trajectory`, `steps_trajectory`); the id of one trajectory also matches its rows.
-    /// A trace or step carries its trajectory's session id, so this is the set their own `session_id` column
-    /// named, without a session index on the two tables every exchange writes to. `untracked`: the table has
-    /// rows without a trajectory (a trace of a call no adapter read), which carry only the session header and
-    /// are matched by it (found through the trajectory index's NULL entries). Every step has a trajectory, and
-    /// SQLite plans that arm on a NOT NULL column as a scan.
-    fn condition(&self, row: &str, untracked: bool) -> (String, Vec<SqlValue>) {
-        let untracked = if untracked {
-            format!(" OR ({row}.trajectory_id IS NULL AND {row}.session_id = ?1)")
-        } else {
-            String::new()
+    /// A session is the trajectories with that session key (`sql::in_session`), then their rows by trajectory:
+    /// traces by `traces_trajectory`, steps by their id range (`sql::steps_of`). The id of one trajectory also
+    /// matches its rows. A trace or step carries its trajectory's session id, so this is the set their own
+    /// `session_id` column names, without a session index on the two tables every exchange writes to. A trace
+    /// without a trajectory (a call no adapter read) carries only the session header and is matched by it
+    /// (through the trajectory index's NULL entries); every step has a trajectory.
+    fn condition(&self, row: &str, rows: Rows) -> (String, Vec<SqlValue>) {
+        let session = match rows {
+            Rows::Traces => format!(
+                "({row}.trajectory_id IN (SELECT k.trajectory_id FROM trajectories k WHERE {})
+                 OR {row}.trajectory_id = ?1
+                 OR ({row}.trajectory_id IS NULL AND {row}.session_id = ?1))",
+                in_session("k", "?1")
+            ),
+            Rows::Steps => format!(
+                "{row}.seq IN (SELECT o.seq FROM steps o WHERE {}
+                 UNION ALL SELECT o.seq FROM trajectories k JOIN steps o ON {} WHERE {})",
+                steps_of("o", "?1"),
+                steps_of("o", "k.trajectory_id"),
+                in_session("k", "?1")
+            ),
         };
-        let session = format!(
-            "({row}.trajectory_id IN (SELECT k.trajectory_id FROM trajectories k
-                 WHERE COALESCE(k.session_id, k.trajectory_id) = ?1)
-             OR {row}.trajectory_id = ?1{untracked})"
-        );
         self.condition_on(&session, &format!("{row}.started_us"))
     }
 
-    /// The same condition on the `trajectories` table. There the session is asked for by its key, which
-    /// matches the same rows (a row whose key is `s` has session id `s`, or none and trajectory id `s`) and
-    /// has an index (`trajectories_session_start`); `session_id` alone has none.
+    /// The same condition on the `trajectories` table: its rows with the session key, and the trajectory with
+    /// that id.
     fn trajectory_condition(&self) -> (String, Vec<SqlValue>) {
         self.condition_on(
-            "(COALESCE(session_id, trajectory_id) = ?1 OR trajectory_id = ?1)",
+            &format!(
+                "({} OR trajectories.trajectory_id = ?1)",
+                in_session("trajectories", "?1")
+            ),
             "started_us",
         )
     }
@@ -84,6 +91,13 @@ impl TraceFilter {
         }
         (cond.join(" AND "), params)
     }
+}
+
+/// The table a [`TraceFilter::condition`] is over.
+#[derive(Debug, Clone, Copy)]
+enum Rows {
+    Traces,
+    Steps,
 }
 
 #[derive(Debug, Clone)]
@@ -148,7 +162,7 @@ impl StoreReader {
         filter: &TraceFilter,
         mut f: impl FnMut(ProviderTrace) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let (cond, params) = filter.condition("t", true);
+        let (cond, params) = filter.condition("t", Rows::Traces);
         // `traces_started` is ordered by (started_us, rowid = seq): a page is an index range, not a sort.
         let sql = format!(
             "{TRACE_SELECT} WHERE {cond} AND (t.started_us, t.seq) > (?, ?) ORDER BY t.started_us, t.seq LIMIT ?"
@@ -233,7 +247,7 @@ impl StoreReader {
         after: &StepKey,
         want: u64,
     ) -> Result<Vec<(StepKey, String, String)>, StoreError> {
-        let (cond, mut params) = filter.condition("s", false);
+        let (cond, mut params) = filter.condition("s", Rows::Steps);
         let sql = format!(
             "SELECT COALESCE(tr.started_us, s.started_us) AS k, s.trajectory_id, s.step_index, s.seq FROM steps s
              LEFT JOIN trajectories tr ON tr.trajectory_id = s.trajectory_id
@@ -683,24 +697,31 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
     let tx = conn.unchecked_transaction()?;
     tx.execute_batch(
         "CREATE TEMP TABLE IF NOT EXISTS retired_traces (id TEXT PRIMARY KEY);
-         CREATE TEMP TABLE IF NOT EXISTS retired_steps (step_id TEXT PRIMARY KEY);
-         DELETE FROM retired_traces; DELETE FROM retired_steps;",
+         CREATE TEMP TABLE IF NOT EXISTS retired_step_rows (step_id TEXT PRIMARY KEY, trajectory_id TEXT NOT NULL);
+         DELETE FROM retired_traces; DELETE FROM retired_step_rows;",
     )?;
     tx.execute(
         "INSERT INTO retired_traces SELECT id FROM traces WHERE seq <= ?1",
         [cutoff],
     )?;
     let chunks_deleted = super::chunks::release_retired(&tx)?;
-    tx.execute_batch(
-        "INSERT INTO retired_steps SELECT step_id FROM steps WHERE trace_id IN (SELECT id FROM retired_traces);
+    // A trajectory goes when its last step does: only those of the retired steps are looked at, each by its
+    // steps' id range (`sql::steps_of`).
+    let emptied = format!(
+        "SELECT DISTINCT r.trajectory_id FROM retired_step_rows r
+         WHERE NOT EXISTS (SELECT 1 FROM steps s WHERE {})",
+        steps_of("s", "r.trajectory_id")
+    );
+    tx.execute_batch(&format!(
+        "INSERT INTO retired_step_rows SELECT step_id, trajectory_id FROM steps
+             WHERE trace_id IN (SELECT id FROM retired_traces);
          DELETE FROM trace_bodies WHERE trace_id IN (SELECT id FROM retired_traces);
          DELETE FROM export_log WHERE kind = 'chat' AND ref IN (SELECT id FROM retired_traces);
-         DELETE FROM export_log WHERE kind = 'tools' AND ref IN (SELECT step_id FROM retired_steps);
-         DELETE FROM steps WHERE step_id IN (SELECT step_id FROM retired_steps);
-         DELETE FROM export_log WHERE kind = 'agent' AND ref IN (
-             SELECT trajectory_id FROM trajectories WHERE trajectory_id NOT IN (SELECT trajectory_id FROM steps));
-         DELETE FROM trajectories WHERE trajectory_id NOT IN (SELECT trajectory_id FROM steps);",
-    )?;
+         DELETE FROM export_log WHERE kind = 'tools' AND ref IN (SELECT step_id FROM retired_step_rows);
+         DELETE FROM steps WHERE step_id IN (SELECT step_id FROM retired_step_rows);
+         DELETE FROM export_log WHERE kind = 'agent' AND ref IN ({emptied});
+         DELETE FROM trajectories WHERE trajectory_id IN ({emptied});"
+    ))?;
     let n = tx.execute("DELETE FROM traces WHERE seq <= ?1", [cutoff])?;
     tx.commit()?;
     metrics.evicted.add(n as u64);
@@ -877,9 +898,9 @@ mod tests {
             }
         }
         assert_eq!(seen_s, 1);
-        // A session's rows come by index: no scan of either table.
-        for (table, alias, untracked) in [("traces", "t", true), ("steps", "s", false)] {
-            let (cond, params) = filters[1].condition(alias, untracked);
+        // A session's rows come by index: no scan of any table.
+        for (table, alias, rows) in [("traces", "t", Rows::Traces), ("steps", "s", Rows::Steps)] {
+            let (cond, params) = filters[1].condition(alias, rows);
             let sql = format!("EXPLAIN QUERY PLAN SELECT {alias}.seq FROM {table} {alias} WHERE {cond}");
             let mut stmt = reader.conn.prepare(&sql).unwrap_or_else(|e| panic!("{e}"));
             let plan: Vec<String> = stmt
@@ -888,8 +909,8 @@ mod tests {
                 .collect::<Result<_, _>>()
                 .unwrap_or_else(|e| panic!("{e}"));
             let plan = plan.join("\n");
-            assert!(!plan.contains(&format!("SCAN {alias}")), "{plan}");
-            assert!(plan.contains("trajectories_session_start"), "{plan}");
+            assert!(!plan.lines().any(|l| l.contains("SCAN ")), "{plan}");
+            assert!(plan.contains("trajectories_named_session"), "{plan}");
         }
     }
 

@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 8;
+pub const VERSION: i64 = 9;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -163,6 +163,24 @@ DROP INDEX IF EXISTS traces_session;
 DROP INDEX IF EXISTS steps_session;
 "#;
 
+/// v9: the writer's indexes keyed by a trajectory's hash, which put an entry on a random page for every new
+/// trajectory, go where a cheaper path answers the same question (`llmtap-bench store-rate`, see
+/// docs/performance.md, "The store writer's cost as the store grows"):
+/// - `steps_trajectory` is dropped: a step's id is its trajectory's id, `/` and its index (see
+///   `derive::steps`), so the steps unique index already holds a trajectory's steps side by side, as the key
+///   range [`trajectory_id/`, `trajectory_id0`) (`sql::steps_of`).
+/// - `trajectories.session_id` holds a session only when it is not the trajectory's own id (NULL otherwise;
+///   the session key `COALESCE(session_id, trajectory_id)` is the same), and the session index keeps only the
+///   rows that have one. A conversation without a session header, its own session, adds no entry to it.
+///   Queries ask for a session through `sql::in_session`.
+const V9: &str = r#"
+DROP INDEX IF EXISTS steps_trajectory;
+DROP INDEX IF EXISTS trajectories_session_start;
+UPDATE trajectories SET session_id = NULL WHERE session_id = trajectory_id;
+CREATE INDEX IF NOT EXISTS trajectories_named_session
+    ON trajectories(session_id, started_us) WHERE session_id IS NOT NULL;
+"#;
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -197,6 +215,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     if version < 8 {
         conn.execute_batch(V8)?;
     }
+    if version < 9 {
+        conn.execute_batch(V9)?;
+    }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;
     }
@@ -217,10 +238,46 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    fn steps_indexes(conn: &Connection) -> Vec<String> {
+        let mut stmt = conn
+            .prepare("SELECT name FROM pragma_index_list('steps') WHERE origin = 'c' ORDER BY name")
+            .unwrap_or_else(|e| panic!("{e}"));
+        stmt.query_map([], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The trajectories of session key `key`, asked as every query asks (`sql::in_session`), with the plan's
+    /// index names.
+    fn in_session(conn: &Connection, key: &str) -> (Vec<String>, String) {
+        let sql = format!(
+            "SELECT trajectory_id FROM trajectories t WHERE {} ORDER BY trajectory_id",
+            super::super::sql::in_session("t", "?1")
+        );
+        let ids = conn
+            .prepare(&sql)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .query_map([key], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .query_map([key], |r| r.get(3))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"));
+        (ids, plan.join("\n"))
+    }
+
     #[test]
-    fn a_v6_store_gets_the_session_key_and_start_indexes_and_keeps_its_rows() {
+    fn a_v6_store_migrates_to_the_current_indexes_and_keeps_its_sessions() {
         let conn = Connection::open_in_memory().unwrap_or_else(|e| panic!("{e}"));
-        // A store as v6 left it: the migrations up to v6 and a trajectory.
+        // A store as v6 left it: the migrations up to v6, and three trajectories: one of session "s", one whose
+        // session is its own id (as the deriver writes a conversation without a session header), one of
+        // session "t2" (another trajectory's id: a sub-agent's, grouped with its parent).
         conn.execute_batch(V1).unwrap_or_else(|e| panic!("{e}"));
         conn.execute_batch(V2).unwrap_or_else(|e| panic!("{e}"));
         conn.execute_batch(V3).unwrap_or_else(|e| panic!("{e}"));
@@ -231,29 +288,47 @@ mod tests {
         add_column_if_missing(&conn, "traces", "facts", "TEXT").unwrap_or_else(|e| panic!("{e}"));
         conn.pragma_update(None, "user_version", 6)
             .unwrap_or_else(|e| panic!("{e}"));
-        conn.execute(
-            "INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body) VALUES ('t', 's', 1, 2, '{}')",
-            [],
+        conn.execute_batch(
+            "INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body) VALUES
+                 ('t1', 's', 1, 2, '{}'), ('t2', 't2', 3, 4, '{}'), ('t3', 't2', 5, 6, '{}')",
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(indexes(&conn), ["trajectories_session"]);
+        assert_eq!(
+            steps_indexes(&conn),
+            ["steps_session", "steps_trace", "steps_trajectory"]
+        );
 
-        migrate(&conn).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(indexes(&conn), ["trajectories_session_start", "trajectories_started"]);
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(version, VERSION);
-        let session: String = conn
-            .query_row(
-                "SELECT trajectory_id FROM trajectories WHERE COALESCE(session_id, trajectory_id) = 's'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(session, "t");
-        // Migrating again changes nothing.
-        migrate(&conn).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(indexes(&conn), ["trajectories_session_start", "trajectories_started"]);
+        for _ in 0..2 {
+            // Migrating again changes nothing.
+            migrate(&conn).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(indexes(&conn), ["trajectories_named_session", "trajectories_started"]);
+            assert_eq!(steps_indexes(&conn), ["steps_trace"]);
+            let version: i64 = conn
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(version, VERSION);
+            let sessions: Vec<(String, Option<String>)> = conn
+                .prepare("SELECT trajectory_id, session_id FROM trajectories ORDER BY trajectory_id")
+                .unwrap_or_else(|e| panic!("{e}"))
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .collect::<Result<_, _>>()
+                .unwrap_or_else(|e| panic!("{e}"));
+            let own = |t: &str, s: Option<&str>| (t.to_owned(), s.map(str::to_owned));
+            assert_eq!(sessions, [own("t1", Some("s")), own("t2", None), own("t3", Some("t2"))]);
+            let (s, plan) = in_session(&conn, "s");
+            assert_eq!(s, ["t1"]);
+            assert!(
+                plan.contains("trajectories_named_session") && !plan.contains("SCAN"),
+                "{plan}"
+            );
+            assert_eq!(in_session(&conn, "t2").0, ["t2", "t3"]);
+            assert!(
+                in_session(&conn, "t1").0.is_empty(),
+                "t1 is in session s, not a session of its own"
+            );
+            assert!(in_session(&conn, "t3").0.is_empty());
+        }
     }
 }

@@ -408,12 +408,15 @@ fn upsert_trajectory(
         .map(|t| json("tool definitions", &t.tool_definitions))
         .transpose()?;
     let body = json("trajectory", &last.without_heavy_parts())?;
+    // The column holds a session only when it is not the trajectory's own id (schema v9): such rows stay out of
+    // the session index. The body keeps the summary's session id as it is.
+    let session = last.session_id.as_deref().filter(|s| *s != first.trajectory_id);
     tx.prepare_cached("INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body, system_prompts, tool_definitions)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT(trajectory_id) DO UPDATE SET session_id = excluded.session_id, ended_us = excluded.ended_us,
              body = excluded.body,
              system_prompts = COALESCE(excluded.system_prompts, trajectories.system_prompts),
-             tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)")?.execute(params![first.trajectory_id, last.session_id, us(&first.started_at), us(&last.ended_at), body, prompts, tools],
+             tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)")?.execute(params![first.trajectory_id, session, us(&first.started_at), us(&last.ended_at), body, prompts, tools],
     )?;
     Ok(())
 }
@@ -542,6 +545,21 @@ mod tests {
             "{expected:#?}"
         );
         assert!(expected.iter().any(|r| r.contains("another prompt")), "{expected:#?}");
+        // Conversations without a session header are their own sessions: the column leaves that out (schema v9),
+        // and the body keeps it.
+        let own_session = records
+            .iter()
+            .any(|r| matches!(r, Record::Trajectory(t) if t.session_id.as_deref() == Some(t.trajectory_id.as_str())));
+        assert!(own_session, "the deriver names a conversation's own session");
+        let trajectory_rows: Vec<&String> = expected
+            .iter()
+            .filter(|r| r.contains("\\\"trajectory_id\\\""))
+            .collect();
+        assert_eq!(trajectory_rows.len(), 2, "{expected:#?}");
+        assert!(
+            trajectory_rows.iter().all(|r| r.split(" | ").nth(1) == Some("Null")),
+            "{trajectory_rows:#?}"
+        );
         assert_eq!(store_of(&[&records]), expected, "one batch");
         // Batches that split a step's or a trajectory's versions between them.
         for size in [2, 3, 7] {
