@@ -139,7 +139,7 @@ impl StoreReader {
     ///
     /// A session starts with its first trajectory (smallest `(started_us, trajectory_id)` of its key), so the
     /// page walks trajectories newest first by the `trajectories_started` index and keeps those that are the
-    /// first of their session: one probe of `trajectories_session_start` (key, start) each, which also answers
+    /// first of their session: one probe by session (`sql::in_session`, by index) each, which also answers
     /// `since` (one of the session's trajectories ended at or after it) and the member filters from the
     /// session's own rows. The walk stops once the page is full, so a page costs its rows plus the trajectories
     /// it passes over (later trajectories of sessions that started earlier, and sessions a filter rejects), not
