@@ -112,6 +112,14 @@ fn lookups_from_the_cache_equal_the_stores() {
         assert_eq!(recent.parent_trajectory(id), Some(parent), "parent of {id}");
     }
     assert!(with_parent > 0, "the corpus has sub-agents");
+    // Every trajectory was closed (`close_all`): its summary is held for its agent span, as the store reads it.
+    assert_eq!(recent.held_closed(), trajectories.len());
+    for id in &trajectories {
+        let held = recent.trajectory_light(id);
+        assert!(held.as_ref().is_some_and(|t| t.closed), "trajectory {id} not held");
+        assert_eq!(held, store.trajectory_light(id).unwrap(), "trajectory {id}");
+    }
+    assert_eq!(recent.held_closed(), 0, "each summary was read once");
 }
 
 /// Every export-log entry's spans, with and without content, as two sinks build them from the cache, equal the
@@ -143,10 +151,12 @@ fn spans_from_the_cache_equal_the_stores() {
         }
         if !capture_content {
             assert!(recent.held_traces() > 100, "one of two sinks read them");
+            assert!(recent.held_closed() > 50, "one of two sinks read them");
         }
     }
-    // Both passes (two sinks) read every call's trace from the cache.
+    // Both passes (two sinks) read every call's trace and every closed trajectory from the cache.
     assert_eq!(recent.held_traces(), 0);
+    assert_eq!(recent.held_closed(), 0);
     assert!(spans > entries.len(), "{spans} spans");
     assert!(!steps.is_empty());
 }
@@ -157,7 +167,7 @@ fn the_cache_forgets_what_retention_deletes() {
     let dir = tempfile::tempdir().unwrap();
     let recent = Arc::new(RecentRecords::new(1));
     let (traces, _, trajectories) = store_the_corpus(dir.path(), recent.clone());
-    assert!(recent.held_traces() > 100);
+    assert!(recent.held_traces() > 100 && recent.held_closed() > 50);
     // The recorded calls are from 2023; a writer that keeps 1 day deletes them all when it starts.
     let config = llmtap::config::StoreConfig {
         retention_days: 1,
@@ -174,6 +184,7 @@ fn the_cache_forgets_what_retention_deletes() {
     drop(tx);
     writer.join().unwrap();
     assert_eq!(recent.held_traces(), 0);
+    assert_eq!(recent.held_closed(), 0);
     let store = StoreReader::open(dir.path()).unwrap();
     assert!(
         store.trace_without_bodies(&traces[0]).unwrap().is_none(),

@@ -197,6 +197,9 @@ impl StoreReader {
     /// One trajectory's summary without its system prompts and tool definitions (left empty): what lists and
     /// the exporter's agent spans need. An agent's tool definitions can be tens of kilobytes of JSON.
     pub fn trajectory_light(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
+        if let Some(t) = self.recent().and_then(|r| r.trajectory_light(id)) {
+            return Ok(Some(t));
+        }
         self.trajectory_by(
             "SELECT trajectory_id, body, NULL, NULL FROM trajectories WHERE trajectory_id = ?1",
             id,

@@ -129,11 +129,15 @@ impl StoreReader {
         Ok(StoreReader { conn, recent: None })
     }
 
-    /// Answer `trace_without_bodies`, `step_span_facts_for_trace` and `parent_trajectory` from `recent` when it
-    /// holds the record, from the store otherwise.
+    /// Answer `trace_without_bodies`, `step_span_facts_for_trace`, `parent_trajectory` and `trajectory_light` from
+    /// `recent` when it holds the record, from the store otherwise.
     pub fn with_recent(mut self, recent: Arc<RecentRecords>) -> StoreReader {
         self.recent = Some(recent);
         self
+    }
+
+    pub(super) fn recent(&self) -> Option<&RecentRecords> {
+        self.recent.as_deref()
     }
 
     /// Run `f`'s reads in one read transaction: they see one snapshot, and SQLite takes its locks and checks

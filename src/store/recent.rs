@@ -5,8 +5,9 @@
 //! SQLite lookups and JSON (and zstd) decoding of records the writer held in memory a moment before, the writer
 //! hands each committed batch to [`RecentRecords`] (it owns the records by then: bodies are dropped, nothing is
 //! copied), and a [`super::StoreReader`] given this cache answers those three lookups from it, and from the
-//! store for whatever it does not hold (a backlog beyond its bounds, a restart). An agent span, built when its
-//! trajectory closes (usually long after its last call), reads the store.
+//! store for whatever it does not hold (a backlog beyond its bounds, a restart). The same goes for an agent
+//! span, built from the trajectory's summary as the batch that closed it left it (without its system prompts
+//! and tool definitions, as `StoreReader::trajectory_light` reads it).
 //!
 //! Each answer equals what the store gives for the same record: the writer's own normalization is applied on
 //! the way in (a trace's session id falls back to its session header, bodies are left out), and
@@ -23,7 +24,7 @@ use rustc_hash::FxHashMap;
 
 use crate::model::json::JsonText;
 use crate::model::record::Record;
-use crate::model::step::{StepRole, StepSpanFacts};
+use crate::model::step::{StepRole, StepSpanFacts, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 
 /// Calls (a trace and its agent step) held at most, and their estimated bytes (see `held_bytes`). A call leaves
@@ -37,6 +38,11 @@ const CALL_BYTES: usize = 8 << 20;
 /// the trajectory's calls looks it up), so these bounds are what it holds under steady traffic.
 const TRAJECTORIES: usize = 16_384;
 const TRAJECTORY_BYTES: usize = 2 << 20;
+
+/// Closed trajectories' summaries held at most, and their estimated bytes. Like a call, a summary leaves once
+/// every sink has read its agent span.
+const CLOSED: usize = 16_384;
+const CLOSED_BYTES: usize = 8 << 20;
 
 /// A map that forgets its oldest keys beyond `capacity` entries or `max_bytes` estimated bytes (by first
 /// insertion; replacing a value keeps its place). A removed key keeps its place in the order until it comes up:
@@ -133,6 +139,26 @@ fn trace_bytes(t: &ProviderTrace) -> usize {
     )
 }
 
+fn summary_bytes(t: &TrajectorySummary) -> usize {
+    held_bytes(
+        std::mem::size_of::<TrajectorySummary>(),
+        [t.trajectory_id.as_str(), &t.started_at, &t.ended_at]
+            .into_iter()
+            .chain(t.models.iter().chain(&t.call_types).map(String::as_str))
+            .chain(
+                [
+                    &t.session_id,
+                    &t.agent,
+                    &t.parent_trajectory_id,
+                    &t.parent_tool_call_id,
+                    &t.continues,
+                ]
+                .into_iter()
+                .filter_map(|s| s.as_deref()),
+            ),
+    )
+}
+
 /// The agent step a trace id leads to, as `StoreReader::step_span_facts_for_trace` finds it. A step's trace id
 /// is set when the deriver makes the step and stays with every later version of it.
 #[derive(Clone)]
@@ -158,6 +184,9 @@ struct Inner {
     steps_by_trace: Bounded<String, ReadOnce<StepOfTrace>>,
     /// Trajectory id → its parent's (None: a root). Kept when read.
     parents: Bounded<String, Option<String>>,
+    /// Trajectory id → its summary, without system prompts and tool definitions, while its last committed
+    /// version is closed.
+    closed: Bounded<String, ReadOnce<TrajectorySummary>>,
 }
 
 /// The exporters' view of the last committed records (see the module doc).
@@ -196,6 +225,7 @@ impl RecentRecords {
                 traces: Bounded::new(entries, CALL_BYTES),
                 steps_by_trace: Bounded::new(entries, CALL_BYTES),
                 parents: Bounded::new(TRAJECTORIES, TRAJECTORY_BYTES),
+                closed: Bounded::new(CLOSED, CLOSED_BYTES),
             }),
             readers,
         }
@@ -211,6 +241,11 @@ impl RecentRecords {
     /// How many traces are held: read by fewer than every sink, not yet evicted.
     pub fn held_traces(&self) -> usize {
         self.lock().traces.map.len()
+    }
+
+    /// How many closed trajectories' summaries are held: read by fewer than every sink, not yet evicted.
+    pub fn held_closed(&self) -> usize {
+        self.lock().closed.map.len()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -259,14 +294,25 @@ impl RecentRecords {
                         .steps_by_trace
                         .insert(trace_id.clone(), self.read_once(entry), size);
                 }
-                Record::Trajectory(t) => {
+                Record::Trajectory(mut t) => {
                     let size = held_bytes(
                         std::mem::size_of::<(String, Option<String>)>(),
                         [t.trajectory_id.as_str()]
                             .into_iter()
                             .chain(t.parent_trajectory_id.as_deref()),
                     );
-                    inner.parents.insert(t.trajectory_id, t.parent_trajectory_id, size);
+                    let id = t.trajectory_id.clone();
+                    inner.parents.insert(id.clone(), t.parent_trajectory_id.clone(), size);
+                    // The store's row is the last version: one that reopens the trajectory takes the closed
+                    // one's place, and its agent span (if any is still to be read) reads the store.
+                    if t.closed {
+                        t.system_prompts = Default::default();
+                        t.tool_definitions = Vec::new();
+                        let size = summary_bytes(&t);
+                        inner.closed.insert(id, self.read_once(*t), size);
+                    } else {
+                        inner.closed.remove(id.as_str());
+                    }
                 }
             }
         }
@@ -279,6 +325,7 @@ impl RecentRecords {
         inner.traces.clear();
         inner.steps_by_trace.clear();
         inner.parents.clear();
+        inner.closed.clear();
     }
 
     /// The trace without its bodies, as `StoreReader::trace_without_bodies` reads it (a read, see [`ReadOnce`]);
@@ -294,6 +341,12 @@ impl RecentRecords {
             StepOfTrace::Step { facts, .. } => Some(facts),
             StepOfTrace::AskTheStore => None,
         }
+    }
+
+    /// The closed trajectory's summary without its system prompts and tool definitions, as
+    /// `StoreReader::trajectory_light` reads it (a read, see [`ReadOnce`]); None: not held.
+    pub fn trajectory_light(&self, id: &str) -> Option<TrajectorySummary> {
+        read_once(&mut self.lock().closed, id)
     }
 
     /// The trajectory's parent: outer None when the trajectory is not held.
@@ -456,5 +509,42 @@ mod tests {
         other.step_id.push_str("#2");
         recent.remember([Record::Step(Box::new(other))]);
         assert_eq!(recent.step_span_facts_for_trace("the-trace"), None);
+    }
+
+    /// A closed trajectory is held without its prompts and tool definitions until each sink has read it; a later
+    /// version that reopens it takes its place in the store, so the cache lets the store answer.
+    #[test]
+    fn a_closed_trajectory_is_held_until_read_and_a_reopened_one_is_left_to_the_store() {
+        let summary = |closed: bool| {
+            let mut t = TrajectorySummary {
+                trajectory_id: "tr_1".into(),
+                closed,
+                tool_definitions: vec![serde_json::json!({"name": "read"})],
+                ..TrajectorySummary::default()
+            };
+            t.system_prompts.insert("h".into(), "You are careful.".into());
+            Record::Trajectory(Box::new(t))
+        };
+        let recent = RecentRecords::new(2);
+        recent.remember([summary(false)]);
+        assert_eq!(recent.held_closed(), 0, "an open trajectory has no agent span yet");
+        recent.remember([summary(true)]);
+        let first = recent.trajectory_light("tr_1");
+        assert!(
+            first
+                .as_ref()
+                .is_some_and(|t| t.closed && t.system_prompts.is_empty() && t.tool_definitions.is_empty()),
+            "{first:?}"
+        );
+        assert_eq!(recent.trajectory_light("tr_1"), first, "the second sink");
+        assert_eq!(recent.trajectory_light("tr_1"), None, "both sinks read it");
+        recent.remember([summary(true), summary(false)]);
+        assert_eq!(recent.held_closed(), 0, "reopened in the same batch");
+        recent.remember([summary(true)]);
+        recent.remember([summary(false)]);
+        assert_eq!(recent.trajectory_light("tr_1"), None, "reopened by a later batch");
+        let no_sinks = RecentRecords::default();
+        no_sinks.remember([summary(true)]);
+        assert_eq!(no_sinks.held_closed(), 0, "no sink, nothing held");
     }
 }
