@@ -6,6 +6,9 @@
 //! reader that asks the store and by two (two sinks) that ask the cache first. Some calls carry a session header.
 //! (A trace the deriver read always has its own session id; the fallback to the header, for a trace it did not
 //! read, is covered by `store::recent`'s unit tests.)
+//!
+//! The same stored corpus checks the store's keys (schema v9): a trajectory's steps found by their ids' range and
+//! a session's trajectories found through the partial session index equal what their columns name.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -239,4 +242,76 @@ fn an_idle_writer_empties_the_cache() {
     );
     drop(tx);
     writer.join().unwrap();
+}
+
+/// Schema v9 finds a trajectory's steps by their ids' key range and a session's trajectories through a partial
+/// index (`store::sql`). Over every recorded session and call, as the writer stores them: each trajectory's steps
+/// page equals the rows whose `trajectory_id` column names it, and each session's trajectories equal the rows
+/// whose session key names it.
+#[test]
+fn every_recorded_trajectorys_steps_and_sessions_are_found_by_the_v9_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, steps, trajectories) = store_the_corpus(dir.path(), Arc::new(RecentRecords::default()));
+    let store = StoreReader::open(dir.path()).unwrap();
+    let conn = llmtap::store::open(dir.path()).unwrap();
+    let column = |sql: &str, key: &str| -> Vec<String> {
+        let mut stmt = conn.prepare(sql).unwrap();
+        stmt.query_map([key], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let mut seen_steps = 0;
+    let mut sessions = std::collections::BTreeSet::new();
+    for id in &trajectories {
+        let paged: Vec<String> = store
+            .steps_page(id, None, 1000)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.step_id)
+            .collect();
+        let by_column = column(
+            "SELECT step_id FROM steps WHERE trajectory_id = ?1 ORDER BY step_index, seq",
+            id,
+        );
+        assert!(!by_column.is_empty(), "trajectory {id} has steps");
+        assert_eq!(paged, by_column, "steps of {id}");
+        seen_steps += paged.len();
+        sessions.extend(column(
+            "SELECT COALESCE(session_id, trajectory_id) FROM trajectories WHERE trajectory_id = ?1",
+            id,
+        ));
+    }
+    assert_eq!(seen_steps, steps.len(), "every step belongs to one trajectory's range");
+    assert!(
+        sessions.len() > 10 && sessions.len() < trajectories.len(),
+        "{} sessions",
+        sessions.len()
+    );
+    let mut grouped = 0;
+    for key in &sessions {
+        let found: Vec<String> = store
+            .session_trajectories(key)
+            .unwrap()
+            .into_iter()
+            .map(|(_, t)| t.trajectory_id)
+            .collect();
+        let by_key = column(
+            "SELECT trajectory_id FROM trajectories WHERE COALESCE(session_id, trajectory_id) = ?1
+             ORDER BY started_us, trajectory_id",
+            key,
+        );
+        assert_eq!(found, by_key, "session {key}");
+        grouped += found.len();
+    }
+    assert_eq!(grouped, trajectories.len());
+    // A conversation that is its own session leaves the column empty.
+    let own: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM trajectories WHERE session_id = trajectory_id",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(own, 0);
 }
