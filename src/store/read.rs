@@ -136,6 +136,7 @@ impl StoreReader {
         self
     }
 
+    /// The exporters' cache this reader asks first, if it was given one (`with_recent`).
     pub(super) fn recent(&self) -> Option<&RecentRecords> {
         self.recent.as_deref()
     }
