@@ -228,21 +228,12 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
 mod tests {
     use super::*;
 
-    fn indexes(conn: &Connection) -> Vec<String> {
+    /// The indexes created on `table` (not those of its constraints), by name.
+    fn indexes_of(conn: &Connection, table: &str) -> Vec<String> {
         let mut stmt = conn
-            .prepare("SELECT name FROM pragma_index_list('trajectories') WHERE origin = 'c' ORDER BY name")
+            .prepare("SELECT name FROM pragma_index_list(?1) WHERE origin = 'c' ORDER BY name")
             .unwrap_or_else(|e| panic!("{e}"));
-        stmt.query_map([], |r| r.get(0))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .collect::<Result<_, _>>()
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    fn steps_indexes(conn: &Connection) -> Vec<String> {
-        let mut stmt = conn
-            .prepare("SELECT name FROM pragma_index_list('steps') WHERE origin = 'c' ORDER BY name")
-            .unwrap_or_else(|e| panic!("{e}"));
-        stmt.query_map([], |r| r.get(0))
+        stmt.query_map([table], |r| r.get(0))
             .unwrap_or_else(|e| panic!("{e}"))
             .collect::<Result<_, _>>()
             .unwrap_or_else(|e| panic!("{e}"))
@@ -293,17 +284,20 @@ mod tests {
                  ('t1', 's', 1, 2, '{}'), ('t2', 't2', 3, 4, '{}'), ('t3', 't2', 5, 6, '{}')",
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(indexes(&conn), ["trajectories_session"]);
+        assert_eq!(indexes_of(&conn, "trajectories"), ["trajectories_session"]);
         assert_eq!(
-            steps_indexes(&conn),
+            indexes_of(&conn, "steps"),
             ["steps_session", "steps_trace", "steps_trajectory"]
         );
 
         for _ in 0..2 {
             // Migrating again changes nothing.
             migrate(&conn).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(indexes(&conn), ["trajectories_named_session", "trajectories_started"]);
-            assert_eq!(steps_indexes(&conn), ["steps_trace"]);
+            assert_eq!(
+                indexes_of(&conn, "trajectories"),
+                ["trajectories_named_session", "trajectories_started"]
+            );
+            assert_eq!(indexes_of(&conn, "steps"), ["steps_trace"]);
             let version: i64 = conn
                 .pragma_query_value(None, "user_version", |r| r.get(0))
                 .unwrap_or_else(|e| panic!("{e}"));
