@@ -1,7 +1,8 @@
 //! The store's body format through the real binary: bodies are written as zstd frames, or plain behind a magic
 //! and a CRC-32 when shorter than 1 KB (requests with repeated parts as manifests of content-addressed chunks,
 //! see `store/chunks.rs` and `store/codec.rs`), and a store whose bodies an earlier build wrote as zlib streams
-//! still reads back (an upgrade keeps the history readable).
+//! still reads back (an upgrade keeps the history readable). A store of schema v8 is upgraded in place to v9's
+//! indexes and reads back as before.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -156,4 +157,85 @@ async fn repeated_messages_of_a_session_are_stored_once_and_read_back_as_sent() 
         )
         .unwrap();
     assert!(manifests >= 2, "{manifests}");
+}
+
+/// A store an earlier build (schema v8) left is upgraded by the binary in place: the indexes v9 drops are gone,
+/// a conversation that is its own session no longer names itself in the session column, and everything reads
+/// back as before, session by session. The v8 store is made from a v9 one as v8 wrote it: each trajectory's
+/// session column holds its session key, and the v8 indexes in place of v9's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v8_store_is_upgraded_in_place_and_reads_as_before() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = upstream_config(&up, "");
+    // A handoff (a child trajectory in its parent's session) and a tool loop; the handoff's recording also holds
+    // the SDK's own trace uploads (`/v1/traces/ingest`, answered 204), which are not model calls: left out.
+    let mut calls: Vec<Fixture> = session("openllmetry__openai_agents_sdk_handoff_hierarchy")
+        .into_iter()
+        .filter(|f| f.status == 200)
+        .collect();
+    calls.extend(session("pydantic-ai__gemini_tool_loop_5calls"));
+    record_calls(&config, dir.path(), &calls).await;
+    let read_all = || {
+        let tap = Llmtap::start(&config, dir.path());
+        let sessions: Vec<String> = tap
+            .export("steps", &[])
+            .iter()
+            .filter_map(|s| s["session_id"].as_str().map(str::to_owned))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let by_session: Vec<Vec<Value>> = sessions
+            .iter()
+            .map(|s| tap.export("steps", &["--session", s]))
+            .collect();
+        (tap.export("steps", &[]), tap.export("atif", &[]), sessions, by_session)
+    };
+    let before = read_all();
+    assert!(before.2.len() >= 2, "sessions: {:?}", before.2);
+    assert!(before.3.iter().all(|s| !s.is_empty()));
+
+    let db = open_store_db(dir.path());
+    db.execute_batch(
+        "UPDATE trajectories SET session_id = trajectory_id WHERE session_id IS NULL;
+         DROP INDEX trajectories_named_session;
+         CREATE INDEX trajectories_session_start ON trajectories(COALESCE(session_id, trajectory_id), started_us);
+         CREATE INDEX steps_trajectory ON steps(trajectory_id, step_index);
+         PRAGMA user_version = 8;",
+    )
+    .unwrap();
+    let own: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM trajectories WHERE session_id = trajectory_id",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(own > 0, "some conversation is its own session");
+    drop(db);
+
+    let after = read_all();
+    assert_eq!(after, before);
+    let db = open_store_db(dir.path());
+    let version: i64 = db.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, 9);
+    let own: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM trajectories WHERE session_id = trajectory_id",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(own, 0);
+    let indexes: Vec<String> = db
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for gone in ["trajectories_session_start", "steps_trajectory"] {
+        assert!(!indexes.iter().any(|i| i == gone), "{indexes:?}");
+    }
+    assert!(indexes.iter().any(|i| i == "trajectories_named_session"), "{indexes:?}");
 }
