@@ -243,7 +243,7 @@ pub struct Step {
 
 impl TrajectorySummary {
     /// The session the trajectory is grouped under: its session id, else (a row written without one) its own id.
-    /// The store's browse queries spell the same rule as `COALESCE(session_id, trajectory_id)`.
+    /// The store's queries spell the same rule in SQL (`store::sql`).
     pub fn session_key(&self) -> &str {
         self.session_id.as_deref().unwrap_or(&self.trajectory_id)
     }
