@@ -6,6 +6,7 @@
 //! WAL + `synchronous=NORMAL` survives `kill -9` of llmtap (only an OS crash can lose the last commits).
 
 mod browse;
+mod checkpoint;
 pub mod chunks;
 mod coalesce;
 pub mod codec;
@@ -58,6 +59,8 @@ pub enum StoreError {
          directory writable by this user, or choose another --data-dir"
     )]
     NotWritable { path: PathBuf, reason: String },
+    #[error("cannot start the store's checkpoint thread: {0}")]
+    Thread(#[source] std::io::Error),
     #[error("cannot make store file {path} private: {source}")]
     Permissions {
         path: PathBuf,

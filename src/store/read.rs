@@ -744,10 +744,9 @@ impl Cursor {
     /// what it evicts before every registered sink exported it, including a sink that never delivered a batch.
     pub fn open(data_dir: &Path, sink: &str) -> Result<Cursor, StoreError> {
         let conn = super::open(data_dir)?;
-        // Checkpoints are the writer's (`store::write`, every `WRITER_CHECKPOINT_PAGES` WAL pages). With SQLite's
-        // default here (1,000 pages), nearly every cursor commit under load would find the WAL past that and run
-        // one itself, on the exporter's thread, copying hot pages to the database file far more often than the
-        // writer does.
+        // Checkpoints are the checkpoint thread's (`store::checkpoint`, every `CHECKPOINT_PAGES` WAL pages). With
+        // SQLite's default here (1,000 pages), nearly every cursor commit under load would find the WAL past that
+        // and run one itself, on the exporter's thread, copying hot pages to the database file far more often.
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.execute("INSERT OR IGNORE INTO cursors (sink, seq) VALUES (?1, 0)", [sink])?;
         Ok(Cursor {

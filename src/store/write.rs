@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, params};
 
+use super::checkpoint::{CHECKPOINT_PAGES, Checkpointer};
 use super::chunks::{ChunkCache, store_request};
 use super::coalesce::{Slot, plan};
 use super::codec::compress;
@@ -118,6 +119,11 @@ fn run(
     if let Err(e) = tune_writer(&conn) {
         metrics.store_error(&e);
     }
+    // Checkpoints on their own thread; if it cannot start, SQLite's automatic checkpoint (`tune_writer`) stays.
+    let checkpointer = Checkpointer::start(&mut conn, CHECKPOINT_PAGES, metrics.clone()).unwrap_or_else(|e| {
+        metrics.store_error(&e);
+        None
+    });
     // At start: a store found over its limits is trimmed before anything new arrives.
     let mut last_retention = Instant::now();
     retain_now(
@@ -180,10 +186,18 @@ fn run(
             }
             Err(e) => metrics.store_error(&e),
         }
+        if let Some(c) = &checkpointer
+            && let Err(e) = c.after_commit(&conn)
+        {
+            metrics.store_error(&e);
+        }
         batch.clear();
         if retention_due(last_retention) {
             retain_now(&conn, &config, &metrics, &mut last_retention, &mut chunks, &recent);
         }
+    }
+    if let Some(c) = checkpointer {
+        c.stop(&mut conn);
     }
     let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
 }
@@ -193,10 +207,6 @@ fn run(
 /// first read their page back from the file, and a big transaction spills pages to the WAL before it commits.
 /// The cache fills only as pages are used: an idle or lightly used llmtap does not grow by it.
 const WRITER_CACHE_KIB: i64 = 64 * 1024;
-/// WAL pages (4 KiB) between automatic checkpoints (SQLite's default: 1,000). A checkpoint copies the newest
-/// version of each page once, however many commits rewrote it since the last one, and syncs the file: fewer,
-/// larger checkpoints write a hot index page once instead of once per few commits.
-const WRITER_CHECKPOINT_PAGES: i64 = 10_000;
 /// After a checkpoint the WAL file is cut back to this size, so the space a burst took is given back.
 const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
 
@@ -204,7 +214,7 @@ const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
 /// `llmtap-bench store-rate` (~2 KB chat completion): see docs/performance.md.
 fn tune_writer(conn: &Connection) -> Result<(), StoreError> {
     conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
-    conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
+    conn.pragma_update(None, "wal_autocheckpoint", CHECKPOINT_PAGES)?;
     conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
     Ok(())
 }
