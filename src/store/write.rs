@@ -207,13 +207,15 @@ fn run(
 /// first read their page back from the file, and a big transaction spills pages to the WAL before it commits.
 /// The cache fills only as pages are used: an idle or lightly used llmtap does not grow by it.
 const WRITER_CACHE_KIB: i64 = 64 * 1024;
-/// After a checkpoint the WAL file is cut back to this size, so the space a burst took is given back.
+/// When the WAL restarts, its file is cut back to this size, so the space a burst took is given back.
 const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
 
 /// Settings for the writer's connection only; readers keep SQLite's defaults. Store CPU per exchange in
 /// `llmtap-bench store-rate` (~2 KB chat completion): see docs/performance.md.
 fn tune_writer(conn: &Connection) -> Result<(), StoreError> {
     conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
+    // SQLite's own checkpoints at the same size, in case the checkpoint thread cannot start (its WAL hook,
+    // installed after this, turns them off).
     conn.pragma_update(None, "wal_autocheckpoint", CHECKPOINT_PAGES)?;
     conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
     Ok(())
