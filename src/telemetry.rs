@@ -162,6 +162,8 @@ pub struct Metrics {
     /// Gauge: trajectories the deriver holds open (see `derive::MAX_OPEN_TRAJECTORIES`).
     pub derive_open_trajectories: Counter,
     pub stored: Counter,
+    /// WAL checkpoint passes that copied pages, by the checkpoint thread (`store::checkpoint`).
+    pub store_checkpoints: Counter,
     pub store_errors: Counter,
     pub store_dropped: Counter,
     pub evicted: Counter,
@@ -354,6 +356,11 @@ impl Metrics {
                 "llmtap_stored_total",
                 "Records written to the store.",
                 self.stored.get(),
+            ),
+            (
+                "llmtap_store_checkpoints_total",
+                "WAL checkpoint passes of the store's checkpoint thread that copied pages into the database file.",
+                self.store_checkpoints.get(),
             ),
             (
                 "llmtap_store_errors_total",

@@ -306,12 +306,6 @@ fn every_recorded_trajectorys_steps_and_sessions_are_found_by_the_v9_keys() {
     }
     assert_eq!(grouped, trajectories.len());
     // A conversation that is its own session leaves the column empty.
-    let own: i64 = conn
-        .query_row(
-            "SELECT COUNT(*) FROM trajectories WHERE session_id = trajectory_id",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let own = rows_naming_their_own_session(&conn);
     assert_eq!(own, 0);
 }

@@ -204,13 +204,7 @@ async fn a_v8_store_is_upgraded_in_place_and_reads_as_before() {
          PRAGMA user_version = 8;",
     )
     .unwrap();
-    let own: i64 = db
-        .query_row(
-            "SELECT COUNT(*) FROM trajectories WHERE session_id = trajectory_id",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let own = rows_naming_their_own_session(&db);
     assert!(own > 0, "some conversation is its own session");
     drop(db);
 
@@ -219,13 +213,7 @@ async fn a_v8_store_is_upgraded_in_place_and_reads_as_before() {
     let db = open_store_db(dir.path());
     let version: i64 = db.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
     assert_eq!(version, 9);
-    let own: i64 = db
-        .query_row(
-            "SELECT COUNT(*) FROM trajectories WHERE session_id = trajectory_id",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let own = rows_naming_their_own_session(&db);
     assert_eq!(own, 0);
     let indexes: Vec<String> = db
         .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name")

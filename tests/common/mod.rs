@@ -994,6 +994,16 @@ pub async fn record_calls(config: &str, data_dir: &Path, calls: &[Fixture]) -> V
     traces
 }
 
+/// Trajectories whose session column holds their own id (schema v9 leaves such a column empty).
+pub fn rows_naming_their_own_session(db: &rusqlite::Connection) -> i64 {
+    db.query_row(
+        "SELECT COUNT(*) FROM trajectories WHERE session_id = trajectory_id",
+        [],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
 /// The store's SQLite file, opened directly (tests that inspect or age rows).
 pub fn open_store_db(data_dir: &Path) -> rusqlite::Connection {
     rusqlite::Connection::open(data_dir.join(llmtap::store::DB_FILE)).unwrap()
