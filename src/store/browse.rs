@@ -471,19 +471,8 @@ mod tests {
             limit: 50,
             ..SessionQuery::default()
         };
-        let (sql, _) = session_page_sql(&q);
-        let mut stmt = reader
-            .conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let plan: Vec<String> = stmt
-            .query_map(params_from_iter(vec![SqlValue::Null; stmt.parameter_count()]), |r| {
-                r.get(3)
-            })
-            .unwrap_or_else(|e| panic!("{e}"))
-            .collect::<Result<_, _>>()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let plan = plan.join("\n");
+        let (sql, params) = session_page_sql(&q);
+        let plan = super::super::query_plan(&reader.conn, &sql, params_from_iter(params)).join("\n");
         assert!(plan.contains("USING INDEX trajectories_started"), "{plan}");
         // Only ties on the start are sorted, not the whole walk.
         assert!(!plan.contains("TEMP B-TREE FOR ORDER BY"), "{plan}");
@@ -594,18 +583,11 @@ mod tests {
         assert_eq!(read, expected);
         expected.sort_by(|a, b| a.1.cmp(&b.1));
         assert_ne!(read, expected, "ids in text order differ from index order");
-        let mut stmt = reader
-            .conn
-            .prepare(&format!(
-                "EXPLAIN QUERY PLAN SELECT s.seq FROM steps s WHERE {}",
-                steps_of("s", "?1")
-            ))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let plan: Vec<String> = stmt
-            .query_map([&trajectory], |r| r.get(3))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .collect::<Result<_, _>>()
-            .unwrap_or_else(|e| panic!("{e}"));
+        let plan = super::super::query_plan(
+            &reader.conn,
+            &format!("SELECT s.seq FROM steps s WHERE {}", steps_of("s", "?1")),
+            [&trajectory],
+        );
         assert_eq!(
             plan,
             ["SEARCH s USING INDEX sqlite_autoindex_steps_1 (step_id>? AND step_id<?)"]

@@ -56,7 +56,7 @@ struct State {
 /// The writer's side of the checkpoint thread.
 pub struct Checkpointer {
     state: Arc<Mutex<State>>,
-    thread: Option<JoinHandle<()>>,
+    thread: JoinHandle<()>,
     pages: i64,
     hard_limit: i64,
 }
@@ -84,9 +84,8 @@ impl Checkpointer {
         else {
             return Ok(None);
         };
-        let conn = super::open(&dir)?;
-        // This connection never commits, but no automatic checkpoint of its own either.
-        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        // Its checkpoints are the ones it asks for.
+        let conn = super::open_without_checkpoints(&dir)?;
         let state = Arc::new(Mutex::new(State::default()));
         let (wake, woken) = sync_channel::<()>(1);
         let seen = state.clone();
@@ -112,7 +111,7 @@ impl Checkpointer {
             .map_err(StoreError::Thread)?;
         Ok(Some(Checkpointer {
             state,
-            thread: Some(thread),
+            thread,
             pages,
             hard_limit: HARD_LIMIT_MULTIPLE * pages,
         }))
@@ -157,12 +156,10 @@ impl Checkpointer {
     }
 
     /// Stop the thread (after its current pass) and unhook `writer`.
-    pub fn stop(mut self, writer: &mut Connection) {
+    pub fn stop(self, writer: &mut Connection) {
         // Dropping the hook drops the sender the thread waits on.
         let _ = writer.wal_hook(None::<fn(&mut rusqlite::hooks::Wal, std::ffi::c_int) -> rusqlite::Result<()>>);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        let _ = self.thread.join();
     }
 }
 

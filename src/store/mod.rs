@@ -159,6 +159,28 @@ pub(crate) fn stable_plans(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// [`open`] for a connection beside the writer's that must never checkpoint by itself (an exporter's cursor,
+/// the checkpoint thread). Checkpoints belong to the checkpoint thread (`checkpoint.rs`, every
+/// `CHECKPOINT_PAGES` WAL pages). With SQLite's default (1,000 pages), nearly every commit of such a connection
+/// under load would find the WAL past that and run one itself, copying hot pages far more often.
+pub(crate) fn open_without_checkpoints(data_dir: &Path) -> Result<Connection, StoreError> {
+    let conn = open(data_dir)?;
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    Ok(conn)
+}
+
+/// The query plan SQLite chooses for `sql` with `params` bound, one line per step (`EXPLAIN QUERY PLAN`'s
+/// detail column): what the plan tests pin.
+#[cfg(test)]
+pub(crate) fn query_plan(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Vec<String> {
+    conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .query_map(params, |r| r.get(3))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -743,11 +743,8 @@ impl Cursor {
     /// Opens the sink's cursor, registering it at the start of the log if it has none yet: retention counts
     /// what it evicts before every registered sink exported it, including a sink that never delivered a batch.
     pub fn open(data_dir: &Path, sink: &str) -> Result<Cursor, StoreError> {
-        let conn = super::open(data_dir)?;
-        // Checkpoints are the checkpoint thread's (`store::checkpoint`, every `CHECKPOINT_PAGES` WAL pages). With
-        // SQLite's default here (1,000 pages), nearly every cursor commit under load would find the WAL past that
-        // and run one itself, on the exporter's thread, copying hot pages to the database file far more often.
-        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        // A cursor commit must not run a checkpoint on the exporter's thread.
+        let conn = super::open_without_checkpoints(data_dir)?;
         conn.execute("INSERT OR IGNORE INTO cursors (sink, seq) VALUES (?1, 0)", [sink])?;
         Ok(Cursor {
             conn,
@@ -905,14 +902,8 @@ mod tests {
         // A session's rows come by index: no scan of any table.
         for (table, alias, rows) in [("traces", "t", Rows::Traces), ("steps", "s", Rows::Steps)] {
             let (cond, params) = filters[1].condition(alias, rows);
-            let sql = format!("EXPLAIN QUERY PLAN SELECT {alias}.seq FROM {table} {alias} WHERE {cond}");
-            let mut stmt = reader.conn.prepare(&sql).unwrap_or_else(|e| panic!("{e}"));
-            let plan: Vec<String> = stmt
-                .query_map(params_from_iter(params), |r| r.get(3))
-                .unwrap_or_else(|e| panic!("{e}"))
-                .collect::<Result<_, _>>()
-                .unwrap_or_else(|e| panic!("{e}"));
-            let plan = plan.join("\n");
+            let sql = format!("SELECT {alias}.seq FROM {table} {alias} WHERE {cond}");
+            let plan = super::super::query_plan(&reader.conn, &sql, params_from_iter(params)).join("\n");
             assert!(!plan.lines().any(|l| l.contains("SCAN ")), "{plan}");
             assert!(plan.contains("trajectories_named_session"), "{plan}");
         }

@@ -253,14 +253,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"))
             .collect::<Result<_, _>>()
             .unwrap_or_else(|e| panic!("{e}"));
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .query_map([key], |r| r.get(3))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .collect::<Result<_, _>>()
-            .unwrap_or_else(|e| panic!("{e}"));
-        (ids, plan.join("\n"))
+        (ids, super::super::query_plan(conn, &sql, [key]).join("\n"))
     }
 
     #[test]
