@@ -27,6 +27,9 @@ use crate::telemetry::Metrics;
 /// At most this many exchanges go into one batch for the store (about three records each), so a long backlog
 /// is committed in pieces rather than held in one growing batch.
 const EXCHANGES_PER_PASS: usize = 64;
+/// A pass also ends once its exchanges held this many captured bytes: the store's channel holds a fixed number
+/// of batches (`store::write`), so this bounds what waits there when bodies are large.
+const BYTES_PER_PASS: u64 = 4 << 20;
 /// While stopping: how long the queue must stay empty before the thread ends.
 const STOPPING_POLL: Duration = Duration::from_millis(20);
 
@@ -68,9 +71,15 @@ pub fn spawn(
                 match next {
                     Ok(first) => {
                         // One pass: this exchange and those already queued behind it, stored as one batch.
-                        let queued = std::iter::from_fn(|| rx.try_recv());
                         let mut records = Vec::new();
-                        for exchange in std::iter::once(first).chain(queued).take(EXCHANGES_PER_PASS) {
+                        let (mut taken, mut bytes) = (0, 0);
+                        let mut next = Some(first);
+                        while let Some(exchange) = next.take() {
+                            taken += 1;
+                            bytes += exchange.held_bytes();
+                            if taken < EXCHANGES_PER_PASS && bytes < BYTES_PER_PASS {
+                                next = rx.try_recv();
+                            }
                             let mut processed = process::process(exchange, body_cap);
                             pricing::price(&prices, &mut processed.trace, processed.call.as_ref(), &metrics);
                             for e in &processed.errors {

@@ -27,9 +27,12 @@ use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::telemetry::Metrics;
 
-/// Batches the channel holds before the pipeline waits. Each is one pipeline pass: at most 64 exchanges, about
-/// three records each.
-const QUEUED_BATCHES: usize = 4;
+/// Batches the channel holds before the pipeline waits. Each is one pipeline pass: at most 64 exchanges (about
+/// three records each) or 4 MiB of captured bytes. While the writer commits a group ([`GROUP_COMMIT_WAIT`] of
+/// traffic, tens of milliseconds of work) the pipeline goes on deriving the next one: the channel must hold that
+/// much, or the two threads take turns instead of working side by side. 32 passes are 2,048 exchanges, 0.2 s
+/// at 10k exchanges/s (docs/performance.md, "The store channel").
+const QUEUED_BATCHES: usize = 32;
 
 #[derive(Clone)]
 pub struct StoreTx {

@@ -177,6 +177,36 @@ pub fn bytes_per_call(calls: usize) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `LLMTAP_BENCH_RATES=8000,10000`: the rates `lossless` steps through instead of its default ladder.
+fn rates_from_env() -> Option<Vec<u64>> {
+    let rates: Vec<u64> = std::env::var("LLMTAP_BENCH_RATES")
+        .ok()?
+        .split(',')
+        .filter_map(|r| r.trim().parse().ok())
+        .collect();
+    (!rates.is_empty()).then_some(rates)
+}
+
+/// `LLMTAP_BENCH_TIMELINE=1`: one line per sample while a `lossless` step runs, to see when a backlog forms.
+fn print_timeline_row(stack: &super::proxy::CaptureStack, t0: Instant, spill: u64) {
+    let text = stack.metrics();
+    let get = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()))
+            .unwrap_or(0)
+    };
+    println!(
+        "    t={:5.2}s captured {:>7} processed {:>7} stored {:>8} queue {:>6.1} MB spill {:>6.1} MB checkpoints {}",
+        t0.elapsed().as_secs_f64(),
+        get("llmtap_captured_total "),
+        get("llmtap_processed_total "),
+        get("llmtap_stored_total "),
+        get("llmtap_capture_queue_bytes ") as f64 / 1e6,
+        spill as f64 / 1e6,
+        get("llmtap_store_checkpoints_total "),
+    );
+}
+
 /// The lossless capture rate for each workload: rates step up until exchanges are dropped or the achieved rate
 /// falls short of the target (the proxy's own limit here).
 pub fn lossless(smoke: bool) {
@@ -186,13 +216,12 @@ pub fn lossless(smoke: bool) {
     let (secs, rates): (f64, Vec<u64>) = if smoke {
         (1.0, vec![100, 200])
     } else {
-        (
-            5.0,
-            vec![
-                1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 8_000, 10_000, 12_000, 15_000, 20_000,
-            ],
-        )
+        let default = vec![
+            1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 8_000, 10_000, 12_000, 15_000, 20_000,
+        ];
+        (5.0, rates_from_env().unwrap_or(default))
     };
+    let timeline = std::env::var_os("LLMTAP_BENCH_TIMELINE").is_some();
     for (label, bodies) in [
         ("~2 KB chat completion", vec![super::servers::chat_request_body()]),
         (
@@ -227,7 +256,11 @@ pub fn lossless(smoke: bool) {
                 let sampler = scope.spawn(|| {
                     let mut peak = 0;
                     while running.load(std::sync::atomic::Ordering::Relaxed) {
-                        peak = peak.max(stack.metric("llmtap_capture_spill_bytes "));
+                        let spill = stack.metric("llmtap_capture_spill_bytes ");
+                        peak = peak.max(spill);
+                        if timeline {
+                            print_timeline_row(&stack, t0, spill);
+                        }
                         std::thread::sleep(Duration::from_millis(50));
                     }
                     peak

@@ -888,9 +888,14 @@ pub struct CaptureStack {
 }
 
 impl CaptureStack {
+    /// The llmtap's whole metrics page.
+    pub fn metrics(&self) -> String {
+        metrics_text(self.tap.addr)
+    }
+
     /// A counter or gauge of the llmtap (`name` with its trailing space).
     pub fn metric(&self, name: &str) -> u64 {
-        metrics_text(self.tap.addr)
+        self.metrics()
             .lines()
             .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
             .unwrap_or(0)
