@@ -180,7 +180,9 @@ impl Tap {
                 let metrics = capture.metrics();
                 exchange.request = request.take();
                 exchange.timings.end = now_micros();
-                let truncated = self.captured.truncated || exchange.request.truncated;
+                // A request whose end was not captured (the upstream answered before reading all of it, or
+                // hyper let go of it early) is a capture with a hole: never reported as complete.
+                let truncated = self.captured.truncated || exchange.request.truncated || !exchange.request.ended;
                 exchange.outcome = match end {
                     End::Complete if truncated => Outcome::Truncated,
                     End::Complete => Outcome::Complete,
@@ -264,10 +266,20 @@ where
                         tap.record(data);
                     }
                     // hyper stops polling once the body reports its end (or its announced length is written) and
-                    // then drops it: remember that the end was reached, and send the exchange on Drop, after the
-                    // last frame is on its way.
+                    // then drops it. A request's capture is put in its slot now, before hyper has the last frame:
+                    // hyper may drop the body only after the upstream has answered (an HTTP/2 upstream's request
+                    // body is sent by a task of its own), and the response must find the whole request. A
+                    // response remembers that the end was reached and sends the exchange on Drop, after the last
+                    // frame is on its way.
                     if this.inner.is_end_stream() || this.tap.as_ref().is_some_and(|t| t.received_all()) {
                         this.reached_end = true;
+                        if this
+                            .tap
+                            .as_ref()
+                            .is_some_and(|t| matches!(t.finish, Finish::Request(_)))
+                        {
+                            this.finish(End::Complete);
+                        }
                     }
                 }
                 Some(Err(e)) => this.finish(End::Error(e.to_string())),
@@ -291,5 +303,88 @@ impl<B> Drop for TapBody<B> {
         // Unfinished and not at the end: the consumer (client, or hyper's client for a request) let go early.
         let end = if self.reached_end { End::Complete } else { End::Dropped };
         self.finish(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+
+    use http_body_util::Full;
+
+    use super::*;
+    use crate::capture::CaptureRx;
+    use crate::config::CaptureConfig;
+    use crate::telemetry::Metrics;
+
+    const REQUEST: &str = r#"{"model":"m","input":"hi"}"#;
+
+    fn capture() -> (Arc<CaptureTx>, CaptureRx) {
+        let (tx, rx) = CaptureTx::channel(&CaptureConfig::default(), Arc::new(Metrics::default()));
+        (Arc::new(tx), rx)
+    }
+
+    fn poll_once<B: Body<Data = Bytes> + Unpin>(body: &mut TapBody<B>) -> Option<Bytes>
+    where
+        B::Error: std::fmt::Display,
+    {
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(body).poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => frame.into_data().ok(),
+            _ => None,
+        }
+    }
+
+    fn request_body(tx: &CaptureTx, slot: &Arc<RequestSlot>) -> TapBody<Full<Bytes>> {
+        let tap = Tap::request(HeaderList::default(), 1 << 20, tx.budget().clone(), slot.clone());
+        TapBody::new(Full::new(Bytes::from_static(REQUEST.as_bytes())), Some(tap))
+    }
+
+    /// Answers the exchange with a one-frame response body, polled to its end and let go, on a thread that has
+    /// never parked (so the exchange is sent at once, see `capture::handoff`).
+    fn respond(tx: Arc<CaptureTx>, slot: Arc<RequestSlot>) {
+        std::thread::spawn(move || {
+            let pending = PendingExchange {
+                exchange: RawExchange::for_test(1),
+                request: slot,
+                capture: tx,
+            };
+            let tap = Tap::response(HeaderList::default(), 1 << 20, pending);
+            let mut body = TapBody::new(Full::new(Bytes::from_static(b"{}")), Some(tap));
+            assert!(poll_once(&mut body).is_some());
+        })
+        .join()
+        .expect("response thread");
+    }
+
+    /// hyper's HTTP/2 client sends a request body from a task of its own and may drop the body only after the
+    /// upstream has answered: the request's capture must be complete once its last frame is handed on.
+    #[test]
+    fn a_request_is_captured_whole_when_its_last_frame_is_handed_on_before_it_is_dropped() {
+        let (tx, mut rx) = capture();
+        let slot = Arc::new(RequestSlot::default());
+        let mut request = request_body(&tx, &slot);
+        assert_eq!(poll_once(&mut request).as_deref(), Some(REQUEST.as_bytes()));
+        respond(tx, slot);
+        let exchange = rx.drain().pop().expect("the exchange is sent");
+        assert_eq!(exchange.request.body_bytes(), REQUEST.as_bytes());
+        assert!(exchange.request.ended);
+        assert_eq!(exchange.outcome, Outcome::Complete);
+        drop(request);
+    }
+
+    /// An upstream that answers before the request body has been sent whole: the exchange is kept, marked as
+    /// not captured whole.
+    #[test]
+    fn a_response_that_ends_before_its_request_is_a_truncated_capture() {
+        let (tx, mut rx) = capture();
+        let slot = Arc::new(RequestSlot::default());
+        let request = request_body(&tx, &slot);
+        respond(tx.clone(), slot);
+        let exchange = rx.drain().pop().expect("the exchange is sent");
+        assert!(!exchange.request.ended);
+        assert_eq!(exchange.outcome, Outcome::Truncated);
+        assert_eq!(tx.metrics().capture_truncated.get(), 1);
+        drop(request);
     }
 }
