@@ -18,7 +18,7 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::capture::Source;
+use crate::capture::{RawExchange, Source};
 use crate::config::DeriveConfig;
 use crate::derive::Deriver;
 use crate::store::{Record, StoreTx};
@@ -72,14 +72,7 @@ pub fn spawn(
                     Ok(first) => {
                         // One pass: this exchange and those already queued behind it, stored as one batch.
                         let mut records = Vec::new();
-                        let (mut taken, mut bytes) = (0, 0);
-                        let mut next = Some(first);
-                        while let Some(exchange) = next.take() {
-                            taken += 1;
-                            bytes += exchange.held_bytes();
-                            if taken < EXCHANGES_PER_PASS && bytes < BYTES_PER_PASS {
-                                next = rx.try_recv();
-                            }
+                        for exchange in pass(first, &mut rx) {
                             let mut processed = process::process(exchange, body_cap);
                             pricing::price(&prices, &mut processed.trace, processed.call.as_ref(), &metrics);
                             for e in &processed.errors {
@@ -113,6 +106,23 @@ pub fn spawn(
         })
 }
 
+/// The exchanges of one pass: `first`, then those already queued behind it, until the pass holds
+/// [`EXCHANGES_PER_PASS`] exchanges or [`BYTES_PER_PASS`] captured bytes. Each is taken from `rx` only when the
+/// one before it is handed out.
+fn pass(first: RawExchange, rx: &mut impl Source) -> impl Iterator<Item = RawExchange> + '_ {
+    let (mut taken, mut bytes) = (0, 0);
+    let mut next = Some(first);
+    std::iter::from_fn(move || {
+        let exchange = next.take()?;
+        taken += 1;
+        bytes += exchange.held_bytes();
+        if taken < EXCHANGES_PER_PASS && bytes < BYTES_PER_PASS {
+            next = rx.try_recv();
+        }
+        Some(exchange)
+    })
+}
+
 fn emit(store: &StoreTx, metrics: &Metrics, live: Option<&live::LiveTx>, records: Vec<Record>) {
     let live = live.filter(|l| l.receiver_count() > 0);
     for r in &records {
@@ -127,4 +137,59 @@ fn emit(store: &StoreTx, metrics: &Metrics, live: Option<&live::LiveTx>, records
         }
     }
     store.send(records);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::mpsc::RecvTimeoutError;
+
+    use super::*;
+
+    struct Queued(VecDeque<RawExchange>);
+
+    impl Source for Queued {
+        fn recv_timeout(&mut self, _: Duration) -> Result<RawExchange, RecvTimeoutError> {
+            self.0.pop_front().ok_or(RecvTimeoutError::Disconnected)
+        }
+
+        fn try_recv(&mut self) -> Option<RawExchange> {
+            self.0.pop_front()
+        }
+    }
+
+    fn exchange(n: u128, body_bytes: usize) -> RawExchange {
+        let mut e = RawExchange::for_test(n);
+        e.request.body.push(bytes::Bytes::from(vec![b'x'; body_bytes]));
+        e
+    }
+
+    fn passes(mut rx: Queued) -> Vec<Vec<u128>> {
+        let mut out = Vec::new();
+        while let Ok(first) = rx.recv_timeout(Duration::ZERO) {
+            out.push(pass(first, &mut rx).map(|e| e.id.as_u128()).collect());
+        }
+        out
+    }
+
+    #[test]
+    fn a_pass_ends_at_its_exchange_count_or_its_bytes_and_keeps_the_order() {
+        let small = Queued((1..=150).map(|n| exchange(n, 100)).collect());
+        let lens: Vec<usize> = passes(small).iter().map(Vec::len).collect();
+        assert_eq!(
+            lens,
+            [EXCHANGES_PER_PASS, EXCHANGES_PER_PASS, 150 - 2 * EXCHANGES_PER_PASS]
+        );
+
+        let mib = 1 << 20;
+        let large = Queued(
+            [3 * mib, 3 * mib, 3 * mib, mib, 9 * mib, 1]
+                .iter()
+                .zip(1..)
+                .map(|(&b, n)| exchange(n, b))
+                .collect(),
+        );
+        // 3 + 3 MiB passes the bound, 3 + 1 MiB reaches it; an exchange larger than the bound is a pass of its own.
+        assert_eq!(passes(large), [vec![1, 2], vec![3, 4], vec![5], vec![6]]);
+    }
 }
