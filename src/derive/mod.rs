@@ -197,19 +197,21 @@ impl Deriver {
         steps
     }
 
-    /// Close trajectories idle for longer than the configured timeout, in id order; then, while more than
-    /// `MAX_OPEN_TRAJECTORIES` are open, the least recently seen ones.
+    /// Close trajectories idle for longer than the configured timeout, least recently seen first (then by id);
+    /// then, while more than `MAX_OPEN_TRAJECTORIES` are open, the least recently seen ones. Oldest first is the
+    /// order the resolver's queues hold them in (`Resolver::forget` finds each at the front: many one-shot calls
+    /// that start alike share one queue, and taking them in id order scanned it for each).
     pub fn close_idle(&mut self, now: UnixMicros) -> Vec<Record> {
         let idle_us = self.config.idle_timeout.as_micros() as i64;
-        let mut idle: Vec<String> = self
+        let mut idle: Vec<(UnixMicros, String)> = self
             .state
             .trajectories
             .iter()
             .filter(|(_, t)| now - t.last_seen_us > idle_us)
-            .map(|(id, _)| id.clone())
+            .map(|(id, t)| (t.last_seen_us, id.clone()))
             .collect();
         idle.sort_unstable();
-        let mut out: Vec<Record> = idle.into_iter().flat_map(|id| self.close(&id)).collect();
+        let mut out: Vec<Record> = idle.into_iter().flat_map(|(_, id)| self.close(&id)).collect();
         let over = self.state.trajectories.len().saturating_sub(MAX_OPEN_TRAJECTORIES);
         if over > 0 {
             let mut oldest: Vec<(UnixMicros, String)> = self
@@ -234,11 +236,16 @@ impl Deriver {
         self.state.trajectories.len()
     }
 
-    /// Close every open trajectory (at shutdown), in id order.
+    /// Close every open trajectory (at shutdown), least recently seen first, as `close_idle` does.
     pub fn close_all(&mut self) -> Vec<Record> {
-        let mut ids: Vec<String> = self.state.trajectories.keys().cloned().collect();
+        let mut ids: Vec<(UnixMicros, String)> = self
+            .state
+            .trajectories
+            .iter()
+            .map(|(id, t)| (t.last_seen_us, id.clone()))
+            .collect();
         ids.sort_unstable();
-        let out = ids.into_iter().flat_map(|id| self.close(&id)).collect();
+        let out = ids.into_iter().flat_map(|(_, id)| self.close(&id)).collect();
         self.state.shared.sweep();
         out
     }
@@ -667,6 +674,35 @@ mod tests {
         let closed = split_all(h.deriver.close_all());
         let no_result: Vec<_> = closed.iter().filter(|r| matches!(r, Record::Step(_))).collect();
         assert!(no_result.is_empty());
+    }
+
+    #[test]
+    fn trajectories_close_least_recently_seen_first() {
+        let mut h = Harness::new(Api::OpenAiChat);
+        // Identical one-shot calls: each is a run of its own, all queued under one root key in the resolver.
+        let sent: Vec<String> = (0..8)
+            .map(|_| {
+                h.send(call("sys", vec![user("same task")], text_out("done")))
+                    .trajectory_id
+            })
+            .collect();
+        let closed = |records: Vec<Record>| -> Vec<String> {
+            records
+                .into_iter()
+                .filter_map(|r| match r {
+                    Record::Trajectory(t) if t.closed => Some(t.trajectory_id),
+                    _ => None,
+                })
+                .collect()
+        };
+        // Call i was last seen at T0 + i + 1 s; the clock is at T0 + 8 s: calls 0 to 4 are past the timeout.
+        let idle_at = h.now + crate::config::DeriveConfig::default().idle_timeout.as_micros() as i64 - 2_500_000;
+        assert_eq!(
+            closed(h.deriver.close_idle(idle_at)),
+            sent[..5],
+            "the five idle ones, oldest first"
+        );
+        assert_eq!(closed(h.deriver.close_all()), sent[5..]);
     }
 
     #[test]
