@@ -350,6 +350,11 @@ impl JsonText {
         self.0.is_empty() || &self.0[..] == b"null"
     }
 
+    /// Bytes of JSON text held (0 when there is no body).
+    pub fn byte_len(&self) -> usize {
+        self.0.len()
+    }
+
     /// The JSON text ("null" when there is no body).
     pub fn as_str(&self) -> &str {
         if self.0.is_empty() {

@@ -11,6 +11,19 @@ pub enum Record {
     Trajectory(Box<TrajectorySummary>),
 }
 
+impl Record {
+    /// The bodies' bytes a record holds: a trace's request and response text; steps and summaries count as 0
+    /// (their text is a fraction of the call's bodies). What the store writer's in-flight budget counts.
+    pub fn body_bytes(&self) -> u64 {
+        match self {
+            Record::Trace(t) => {
+                (t.request.byte_len() + t.response.byte_len() + t.raw_response.as_ref().map_or(0, String::len)) as u64
+            }
+            Record::Step(_) | Record::Trajectory(_) => 0,
+        }
+    }
+}
+
 /// What an export-log entry stands for; its `ref` names the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExportKind {

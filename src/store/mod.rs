@@ -10,6 +10,7 @@ mod checkpoint;
 pub mod chunks;
 mod coalesce;
 pub mod codec;
+mod in_flight;
 mod private;
 mod read;
 pub mod recent;

@@ -17,6 +17,7 @@ use super::checkpoint::{CHECKPOINT_PAGES, Checkpointer};
 use super::chunks::{ChunkCache, store_request};
 use super::coalesce::{Slot, plan};
 use super::codec::compress;
+use super::in_flight::{Held, InFlight};
 use super::recent::RecentRecords;
 use super::{Record, StoreError};
 use crate::config::StoreConfig;
@@ -33,10 +34,18 @@ use crate::telemetry::Metrics;
 /// much, or the two threads take turns instead of working side by side. 32 passes are 2,048 exchanges, 0.2 s
 /// at 10k exchanges/s (docs/performance.md, "The store channel").
 const QUEUED_BATCHES: usize = 32;
+/// The most body bytes waiting for the writer, in its channel and in the group it is gathering, before the
+/// pipeline waits (see [`InFlight`]): with multi-megabyte bodies the batch count alone would let this grow to
+/// gigabytes.
+const IN_FLIGHT_BYTES: u64 = 128 * 1024 * 1024;
+
+/// A batch for the writer, with its share of the in-flight budget (given back once the batch is committed).
+type Batch = (Vec<Record>, Held);
 
 #[derive(Clone)]
 pub struct StoreTx {
-    tx: SyncSender<Vec<Record>>,
+    tx: SyncSender<Batch>,
+    in_flight: Arc<InFlight>,
     metrics: Arc<Metrics>,
 }
 
@@ -47,7 +56,8 @@ impl StoreTx {
             return;
         }
         let n = records.len() as u64;
-        if self.tx.send(records).is_err() {
+        let held = self.in_flight.hold(&records);
+        if self.tx.send((records, held)).is_err() {
             self.metrics.store_dropped.add(n);
         }
     }
@@ -69,7 +79,8 @@ impl StoreWriter {
         let handle = std::thread::Builder::new()
             .name("llmtap-store".into())
             .spawn(move || run(conn, rx, config, m, recent))?;
-        Ok((StoreTx { tx, metrics }, handle))
+        let in_flight = InFlight::new(IN_FLIGHT_BYTES);
+        Ok((StoreTx { tx, in_flight, metrics }, handle))
     }
 }
 
@@ -113,7 +124,7 @@ const GROUP_COMMIT_WAIT: Duration = Duration::from_millis(50);
 
 fn run(
     mut conn: Connection,
-    rx: Receiver<Vec<Record>>,
+    rx: Receiver<Batch>,
     config: StoreConfig,
     metrics: Arc<Metrics>,
     recent: Arc<RecentRecords>,
@@ -139,13 +150,18 @@ fn run(
     );
     let mut chunks = ChunkCache::default();
     let mut batch = Vec::with_capacity(config.batch_size);
+    // The group's shares of the in-flight budget, given back once it is committed.
+    let mut held: Vec<Held> = Vec::new();
     let mut last_batch: Option<Instant> = None;
     loop {
         // A second without records: the exporters' cache is emptied (an exporter reads within a fraction of a
         // second of a commit; one that has not, a paused one, reads the store), and what other threads freed in
         // this thread's pages goes back to the system.
         let first = match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(records) => records,
+            Ok((records, share)) => {
+                held.push(share);
+                records
+            }
             Err(RecvTimeoutError::Timeout) => {
                 recent.forget();
                 crate::allocator::release_when_idle();
@@ -164,8 +180,9 @@ fn run(
         while traffic_flows && batch.len() < config.batch_size {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(records) => {
+                Ok((records, share)) => {
                     batch.extend(records);
+                    held.push(share);
                     last_batch = Some(Instant::now());
                 }
                 Err(_) => break,
@@ -195,6 +212,7 @@ fn run(
             metrics.store_error(&e);
         }
         batch.clear();
+        held.clear();
         if retention_due(last_retention) {
             retain_now(&conn, &config, &metrics, &mut last_retention, &mut chunks, &recent);
         }
