@@ -203,25 +203,11 @@ impl Deriver {
     /// that start alike share one queue, and taking them in id order scanned it for each).
     pub fn close_idle(&mut self, now: UnixMicros) -> Vec<Record> {
         let idle_us = self.config.idle_timeout.as_micros() as i64;
-        let mut idle: Vec<(UnixMicros, String)> = self
-            .state
-            .trajectories
-            .iter()
-            .filter(|(_, t)| now - t.last_seen_us > idle_us)
-            .map(|(id, t)| (t.last_seen_us, id.clone()))
-            .collect();
-        idle.sort_unstable();
-        let mut out: Vec<Record> = idle.into_iter().flat_map(|(_, id)| self.close(&id)).collect();
+        let idle = self.oldest_first(|t| now - t.last_seen_us > idle_us);
+        let mut out: Vec<Record> = idle.into_iter().flat_map(|id| self.close(&id)).collect();
         let over = self.state.trajectories.len().saturating_sub(MAX_OPEN_TRAJECTORIES);
         if over > 0 {
-            let mut oldest: Vec<(UnixMicros, String)> = self
-                .state
-                .trajectories
-                .iter()
-                .map(|(id, t)| (t.last_seen_us, id.clone()))
-                .collect();
-            oldest.sort_unstable();
-            for (_, id) in oldest.into_iter().take(over) {
+            for id in self.oldest_first(|_| true).into_iter().take(over) {
                 out.extend(self.close(&id));
             }
         }
@@ -231,6 +217,19 @@ impl Deriver {
         out
     }
 
+    /// The ids of the open trajectories `pick` selects, least recently seen first, then by id.
+    fn oldest_first(&self, pick: impl Fn(&Trajectory) -> bool) -> Vec<String> {
+        let mut picked: Vec<(UnixMicros, &String)> = self
+            .state
+            .trajectories
+            .iter()
+            .filter(|(_, t)| pick(t))
+            .map(|(id, t)| (t.last_seen_us, id))
+            .collect();
+        picked.sort_unstable();
+        picked.into_iter().map(|(_, id)| id.clone()).collect()
+    }
+
     /// How many trajectories are open.
     pub fn open_trajectories(&self) -> usize {
         self.state.trajectories.len()
@@ -238,14 +237,11 @@ impl Deriver {
 
     /// Close every open trajectory (at shutdown), least recently seen first, as `close_idle` does.
     pub fn close_all(&mut self) -> Vec<Record> {
-        let mut ids: Vec<(UnixMicros, String)> = self
-            .state
-            .trajectories
-            .iter()
-            .map(|(id, t)| (t.last_seen_us, id.clone()))
+        let out = self
+            .oldest_first(|_| true)
+            .into_iter()
+            .flat_map(|id| self.close(&id))
             .collect();
-        ids.sort_unstable();
-        let out = ids.into_iter().flat_map(|(_, id)| self.close(&id)).collect();
         self.state.shared.sweep();
         out
     }
