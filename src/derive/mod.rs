@@ -199,8 +199,8 @@ impl Deriver {
 
     /// Close trajectories idle for longer than the configured timeout, least recently seen first (then by id);
     /// then, while more than `MAX_OPEN_TRAJECTORIES` are open, the least recently seen ones. Oldest first is the
-    /// order the resolver's queues hold them in (`Resolver::forget` finds each at the front: many one-shot calls
-    /// that start alike share one queue, and taking them in id order scanned it for each).
+    /// order the resolver's queues hold them in: `Resolver::forget` finds each at the front of the queue it may
+    /// share with thousands of one-shot calls that started alike, rather than by a scan.
     pub fn close_idle(&mut self, now: UnixMicros) -> Vec<Record> {
         let idle_us = self.config.idle_timeout.as_micros() as i64;
         let idle = self.oldest_first(|t| now - t.last_seen_us > idle_us);

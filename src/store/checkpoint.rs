@@ -1,12 +1,11 @@
 //! WAL checkpoints mostly on a thread of their own, so that the store writer seldom waits on them.
 //!
 //! A checkpoint copies the WAL's pages into the database file and syncs both files (`synchronous = NORMAL`).
-//! Run by the writer (SQLite's automatic checkpoint, inside the commit that crosses the threshold), the copy
-//! and the syncs of ~10,000 pages stalled the writer for as long as the disk took: under load the capture
-//! backlog grew while the writer's core sat idle (`llmtap-bench store-rate`: with the syncs off, the writer
-//! stored 25–45% more exchanges per second at only ~10% less CPU per exchange, see docs/performance.md).
+//! SQLite's automatic checkpoint runs it on the committing connection, inside the commit that crosses the
+//! threshold: the writer would wait for the copy and the syncs of ~10,000 pages for as long as the disk takes,
+//! with its core idle while the capture backlog grows (docs/performance.md, "Checkpoints off the writer").
 //!
-//! The writer's connection now only reports its WAL size after each commit (a WAL hook, which also turns
+//! So the writer's connection only reports its WAL size after each commit (a WAL hook, which also turns
 //! SQLite's automatic checkpoint off on that connection). Once [`CHECKPOINT_PAGES`] pages are not yet copied,
 //! this thread copies and syncs them on its own connection; a passive checkpoint never blocks the writer. But
 //! only a checkpoint that has copied everything lets the writer's next transaction restart the WAL from its

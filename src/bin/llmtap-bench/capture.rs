@@ -190,11 +190,7 @@ fn rates_from_env() -> Option<Vec<u64>> {
 /// `LLMTAP_BENCH_TIMELINE=1`: one line per sample while a `lossless` step runs, to see when a backlog forms.
 fn print_timeline_row(stack: &super::proxy::CaptureStack, t0: Instant, spill: u64) {
     let text = stack.metrics();
-    let get = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()))
-            .unwrap_or(0)
-    };
+    let get = |name: &str| super::proxy::metric_in(&text, name);
     println!(
         "    t={:5.2}s captured {:>7} processed {:>7} stored {:>8} queue {:>6.1} MB spill {:>6.1} MB checkpoints {}",
         t0.elapsed().as_secs_f64(),

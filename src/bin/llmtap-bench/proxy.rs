@@ -110,6 +110,13 @@ fn spawn(mut cmd: Command) -> Proc {
 }
 
 /// The Prometheus text of a running llmtap's `/metrics`.
+/// A counter or gauge (`name` with its trailing space) read from a metrics page; 0 if absent.
+pub fn metric_in(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
 fn metrics_text(addr: SocketAddr) -> String {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(addr) else {
@@ -414,12 +421,7 @@ pub fn run(scale: &Scale, latency_only: bool) {
     std::thread::sleep(Duration::from_millis(300));
     let idle_rss = rss_kib(tap_on.child.id());
     let tap_on_addr = tap_on.addr;
-    let metric = move |name: &str| -> u64 {
-        metrics_text(tap_on_addr)
-            .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0)
-    };
+    let metric = move |name: &str| -> u64 { metric_in(&metrics_text(tap_on_addr), name) };
     // Captured and dropped by the capture+store+OTLP llmtap since the last call.
     let mut seen = (0u64, 0u64);
     let mut capture_since = move || {
@@ -895,10 +897,7 @@ impl CaptureStack {
 
     /// A counter or gauge of the llmtap (`name` with its trailing space).
     pub fn metric(&self, name: &str) -> u64 {
-        self.metrics()
-            .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0)
+        metric_in(&self.metrics(), name)
     }
 
     pub fn start(mode: &str) -> Option<CaptureStack> {
