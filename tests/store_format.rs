@@ -160,9 +160,11 @@ async fn repeated_messages_of_a_session_are_stored_once_and_read_back_as_sent() 
 }
 
 /// A store an earlier build (schema v8) left is upgraded by the binary in place: the indexes v9 drops are gone,
-/// a conversation that is its own session no longer names itself in the session column, and everything reads
-/// back as before, session by session. The v8 store is made from a v9 one as v8 wrote it: each trajectory's
-/// session column holds its session key, and the v8 indexes in place of v9's.
+/// a conversation that is its own session no longer names itself in the session column, traces and steps carry
+/// their trajectory's number (v10), and everything reads back as before, session by session. The v8 store is
+/// made from a current one as v8 wrote it: no trajectory numbers, the steps' unique key the step id alone and
+/// `traces_trajectory` (undoing v10), each trajectory's session column holding its session key, and the v8
+/// indexes in place of v9's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v8_store_is_upgraded_in_place_and_reads_as_before() {
     let up = Upstream::start(ReplayOptions::default()).await;
@@ -197,7 +199,22 @@ async fn a_v8_store_is_upgraded_in_place_and_reads_as_before() {
 
     let db = open_store_db(dir.path());
     db.execute_batch(
-        "UPDATE trajectories SET session_id = trajectory_id WHERE session_id IS NULL;
+        "BEGIN;
+         DROP INDEX traces_trajectory_seq;
+         ALTER TABLE traces DROP COLUMN trajectory_seq;
+         CREATE INDEX traces_trajectory ON traces(trajectory_id);
+         DROP INDEX trajectories_seq;
+         ALTER TABLE trajectories DROP COLUMN seq;
+         CREATE TABLE steps_v9 (seq INTEGER PRIMARY KEY AUTOINCREMENT, step_id TEXT NOT NULL UNIQUE,
+             trajectory_id TEXT NOT NULL, session_id TEXT, step_index INTEGER NOT NULL, role TEXT NOT NULL,
+             trace_id TEXT, started_us INTEGER NOT NULL, body TEXT NOT NULL);
+         INSERT INTO steps_v9 SELECT seq, step_id, trajectory_id, session_id, step_index, role, trace_id,
+             started_us, body FROM steps;
+         DROP TABLE steps;
+         ALTER TABLE steps_v9 RENAME TO steps;
+         CREATE INDEX steps_trace ON steps(trace_id);
+         COMMIT;
+         UPDATE trajectories SET session_id = trajectory_id WHERE session_id IS NULL;
          DROP INDEX trajectories_named_session;
          CREATE INDEX trajectories_session_start ON trajectories(COALESCE(session_id, trajectory_id), started_us);
          CREATE INDEX steps_trajectory ON steps(trajectory_id, step_index);
@@ -212,7 +229,7 @@ async fn a_v8_store_is_upgraded_in_place_and_reads_as_before() {
     assert_eq!(after, before);
     let db = open_store_db(dir.path());
     let version: i64 = db.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
-    assert_eq!(version, 9);
+    assert_eq!(version, 10);
     let own = rows_naming_their_own_session(&db);
     assert_eq!(own, 0);
     let indexes: Vec<String> = db
@@ -222,7 +239,17 @@ async fn a_v8_store_is_upgraded_in_place_and_reads_as_before() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    for gone in ["trajectories_session_start", "steps_trajectory"] {
+    let unnumbered: i64 = db
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM steps WHERE trajectory_seq IS NULL)
+                  + (SELECT COUNT(*) FROM traces WHERE trajectory_id IS NOT NULL AND trajectory_seq IS NULL)
+                  + (SELECT COUNT(*) FROM trajectories WHERE seq IS NULL)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(unnumbered, 0);
+    for gone in ["trajectories_session_start", "steps_trajectory", "traces_trajectory"] {
         assert!(!indexes.iter().any(|i| i == gone), "{indexes:?}");
     }
     assert!(indexes.iter().any(|i| i == "trajectories_named_session"), "{indexes:?}");

@@ -5,7 +5,7 @@ use rusqlite::{OptionalExtension, params_from_iter, types::Value as SqlValue};
 
 use super::StoreError;
 use super::read::{StoreReader, TRACE_SELECT, summary_from_row, trace_from_row};
-use super::sql::{in_session, session_key, steps_of};
+use super::sql::{in_session, rows_of, rows_of_row, session_key};
 use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, Outcome, Timings};
 use crate::model::step::{Step, TrajectorySummary};
@@ -77,7 +77,7 @@ fn session_page_sql(q: &SessionQuery) -> (String, Vec<SqlValue>) {
         member.push(format!(
             "(m.body LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM steps s WHERE {} \
              AND step_text(s.body) LIKE ? ESCAPE '\\'))",
-            steps_of("s", "m.trajectory_id")
+            rows_of_row("s", "m")
         ));
         member_params.push(SqlValue::Text(like.clone()));
         member_params.push(SqlValue::Text(like));
@@ -206,24 +206,25 @@ impl StoreReader {
         )
     }
 
-    /// Every call of a trajectory, oldest first, without bodies (by the `traces_trajectory` index).
+    /// Every call of a trajectory, oldest first, without bodies (by its number, `sql::rows_of`).
     pub fn call_heads(&self, trajectory_id: &str) -> Result<Vec<CallHead>, StoreError> {
-        let mut out = self.heads_where("trajectory_id", trajectory_id)?;
+        let mut out = self.heads_where(&rows_of("t", "?1"), trajectory_id)?;
         out.sort_by_key(|c| c.timings.start);
         Ok(out)
     }
 
     /// One call without bodies.
     pub fn call_head(&self, id: &str) -> Result<Option<CallHead>, StoreError> {
-        Ok(self.heads_where("id", id)?.pop())
+        Ok(self.heads_where("t.id = ?1", id)?.pop())
     }
 
-    fn heads_where(&self, column: &str, value: &str) -> Result<Vec<CallHead>, StoreError> {
+    /// The calls that meet `condition` (on the traces row `t`, with `value` as `?1`).
+    fn heads_where(&self, condition: &str, value: &str) -> Result<Vec<CallHead>, StoreError> {
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT id, trajectory_id, upstream, api, model, status, outcome, error, started_us, first_byte_us,
                     ended_us, usage, cost_usd, cost_input_usd, cost_cache_read_usd, cost_cache_write_usd,
                     cost_output_usd, cost_reasoning_usd
-             FROM traces WHERE {column} = ?1"
+             FROM traces t WHERE {condition}"
         ))?;
         let rows = stmt.query_map([value], |r| {
             let usage: Option<String> = r.get(11)?;
@@ -251,14 +252,14 @@ impl StoreReader {
     }
 
     /// A page of a trajectory's steps after index `after` (exclusive). The trajectory's steps are one range of
-    /// the step id index (`sql::steps_of`), in text order ("/10" before "/2"): the page's keys are sorted by
+    /// the steps' key (`sql::rows_of`), in step id text order ("/10" before "/2"): the page's keys are sorted by
     /// index without their bodies, then its bodies read by primary key.
     pub fn steps_page(&self, trajectory_id: &str, after: Option<u32>, limit: u32) -> Result<Vec<Step>, StoreError> {
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT step_id, body FROM steps WHERE seq IN (
                  SELECT s.seq FROM steps s WHERE {} AND s.step_index > ?2 ORDER BY s.step_index, s.seq LIMIT ?3)
              ORDER BY step_index, seq",
-            steps_of("s", "?1")
+            rows_of("s", "?1")
         ))?;
         let after = after.map_or(-1, i64::from);
         let rows = stmt.query_map(
@@ -289,8 +290,10 @@ impl StoreReader {
             .optional()?;
         let Some(seq) = seq else { return Ok(None) };
         let sql = format!(
-            "{TRACE_SELECT} WHERE t.id = (SELECT id FROM traces WHERE trajectory_id = ?1
-                AND (started_us < ?2 OR (started_us = ?2 AND seq < ?3)) ORDER BY started_us DESC, seq DESC LIMIT 1)"
+            "{TRACE_SELECT} WHERE t.id = (SELECT p.id FROM traces p WHERE {}
+                AND (p.started_us < ?2 OR (p.started_us = ?2 AND p.seq < ?3))
+                ORDER BY p.started_us DESC, p.seq DESC LIMIT 1)",
+            rows_of("p", "?1")
         );
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut rows = stmt.query(rusqlite::params![trajectory, trace.timings.start, seq])?;
@@ -585,12 +588,16 @@ mod tests {
         assert_ne!(read, expected, "ids in text order differ from index order");
         let plan = super::super::query_plan(
             &reader.conn,
-            &format!("SELECT s.seq FROM steps s WHERE {}", steps_of("s", "?1")),
+            &format!("SELECT s.seq FROM steps s WHERE {}", rows_of("s", "?1")),
             [&trajectory],
         );
         assert_eq!(
             plan,
-            ["SEARCH s USING INDEX sqlite_autoindex_steps_1 (step_id>? AND step_id<?)"]
+            [
+                "SEARCH s USING COVERING INDEX sqlite_autoindex_steps_1 (trajectory_seq=?)",
+                "SCALAR SUBQUERY 1",
+                "SEARCH n USING INDEX sqlite_autoindex_trajectories_1 (trajectory_id=?)"
+            ]
         );
     }
 }

@@ -11,7 +11,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params_from_iter, 
 use super::StoreError;
 use super::codec::decompress;
 use super::recent::RecentRecords;
-use super::sql::{in_session, steps_of};
+use super::sql::{in_session, rows_of, rows_of_row, trajectory_of_step};
 use crate::config::StoreConfig;
 use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, ExchangeMeta, Outcome, Timings};
@@ -36,25 +36,26 @@ pub struct TraceFilter {
 impl TraceFilter {
     /// SQL condition over the `traces` or `steps` row named `row` (its alias), with its parameters.
     ///
-    /// A session is the trajectories with that session key (`sql::in_session`), then their rows by trajectory:
-    /// traces by `traces_trajectory`, steps by their id range (`sql::steps_of`). The id of one trajectory also
-    /// matches its rows. A trace or step carries its trajectory's session id, so this is the set their own
-    /// `session_id` column names, without a session index on the two tables every exchange writes to. A trace
-    /// without a trajectory (a call no adapter read) carries only the session header and is matched by it
-    /// (through the trajectory index's NULL entries); every step has a trajectory.
+    /// A session is the trajectories with that session key (`sql::in_session`), then their rows by trajectory
+    /// number (`sql::rows_of`). The id of one trajectory also matches its rows. A trace or step carries its
+    /// trajectory's session id, so this is the set their own `session_id` column names, without a session index
+    /// on the two tables every exchange writes to. A trace without a trajectory (a call no adapter read) carries
+    /// only the session header and is matched by it (through the trajectory index's NULL entries); every step
+    /// has a trajectory.
     fn condition(&self, row: &str, rows: Rows) -> (String, Vec<SqlValue>) {
         let session = match rows {
             Rows::Traces => format!(
-                "({row}.trajectory_id IN (SELECT k.trajectory_id FROM trajectories k WHERE {})
-                 OR {row}.trajectory_id = ?1
-                 OR ({row}.trajectory_id IS NULL AND {row}.session_id = ?1))",
-                in_session("k", "?1")
+                "({row}.trajectory_seq IN (SELECT k.seq FROM trajectories k WHERE {})
+                 OR {}
+                 OR ({row}.trajectory_seq IS NULL AND {row}.trajectory_id IS NULL AND {row}.session_id = ?1))",
+                in_session("k", "?1"),
+                rows_of(row, "?1"),
             ),
             Rows::Steps => format!(
                 "{row}.seq IN (SELECT o.seq FROM steps o WHERE {}
                  UNION ALL SELECT o.seq FROM trajectories k JOIN steps o ON {} WHERE {})",
-                steps_of("o", "?1"),
-                steps_of("o", "k.trajectory_id"),
+                rows_of("o", "?1"),
+                rows_of_row("o", "k"),
                 in_session("k", "?1")
             ),
         };
@@ -372,14 +373,7 @@ impl StoreReader {
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let mut rows = stmt.query([value])?;
         match rows.next()? {
-            Some(row) => {
-                let id: String = row.get(0)?;
-                let body = step_text(&id, row.get(1)?)?;
-                Ok(Some(serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
-                    id,
-                    what: e.to_string(),
-                })?))
-            }
+            Some(row) => Ok(Some(step_from_row(row)?)),
             None => Ok(None),
         }
     }
@@ -397,8 +391,21 @@ impl StoreReader {
         self.step_where("trace_id", trace_id)
     }
 
+    /// The agent step with this id, found under its trajectory (the id's first part, `sql::trajectory_of_step`).
     pub fn step(&self, step_id: &str) -> Result<Option<Step>, StoreError> {
-        self.step_where("step_id", step_id)
+        let Some(trajectory) = trajectory_of_step(step_id) else {
+            return Ok(None);
+        };
+        let sql = format!(
+            "SELECT step_id, body FROM steps s WHERE {} AND s.step_id = ?2 AND s.role = 'agent'",
+            rows_of("s", "?1")
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let mut rows = stmt.query([trajectory, step_id])?;
+        match rows.next()? {
+            Some(row) => Ok(Some(step_from_row(row)?)),
+            None => Ok(None),
+        }
     }
 
     /// One trajectory by id, with its system prompts and tool definitions (see also `trajectory_light`).
@@ -521,6 +528,16 @@ pub(super) fn step_text(id: &str, stored: SqlValue) -> Result<String, StoreError
         SqlValue::Blob(b) => decompress(Some(b)).ok_or_else(|| corrupt("unreadable step body")),
         _ => Err(corrupt("step body is neither text nor a compressed blob")),
     }
+}
+
+/// A step, or a part of one (`T`), from (step_id, body).
+fn step_from_row<T: serde::de::DeserializeOwned>(row: &rusqlite::Row<'_>) -> Result<T, StoreError> {
+    let id: String = row.get(0)?;
+    let body = step_text(&id, row.get(1)?)?;
+    serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+        id,
+        what: e.to_string(),
+    })
 }
 
 /// A trajectory summary from (trajectory_id, body, system_prompts, tool_definitions).
@@ -702,7 +719,8 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
     let tx = conn.unchecked_transaction()?;
     tx.execute_batch(
         "CREATE TEMP TABLE IF NOT EXISTS retired_traces (id TEXT PRIMARY KEY);
-         CREATE TEMP TABLE IF NOT EXISTS retired_step_rows (step_id TEXT PRIMARY KEY, trajectory_id TEXT NOT NULL);
+         CREATE TEMP TABLE IF NOT EXISTS retired_step_rows (seq INTEGER PRIMARY KEY, step_id TEXT NOT NULL,
+             trajectory_id TEXT NOT NULL);
          DELETE FROM retired_traces; DELETE FROM retired_step_rows;",
     )?;
     tx.execute(
@@ -711,19 +729,19 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
     )?;
     let chunks_deleted = super::chunks::release_retired(&tx)?;
     // A trajectory goes when its last step does: only those of the retired steps are looked at, each by its
-    // steps' id range (`sql::steps_of`).
+    // number (`sql::rows_of`).
     let emptied = format!(
         "SELECT DISTINCT r.trajectory_id FROM retired_step_rows r
          WHERE NOT EXISTS (SELECT 1 FROM steps s WHERE {})",
-        steps_of("s", "r.trajectory_id")
+        rows_of("s", "r.trajectory_id")
     );
     tx.execute_batch(&format!(
-        "INSERT INTO retired_step_rows SELECT step_id, trajectory_id FROM steps
+        "INSERT INTO retired_step_rows SELECT seq, step_id, trajectory_id FROM steps
              WHERE trace_id IN (SELECT id FROM retired_traces);
          DELETE FROM trace_bodies WHERE trace_id IN (SELECT id FROM retired_traces);
          DELETE FROM export_log WHERE kind = 'chat' AND ref IN (SELECT id FROM retired_traces);
          DELETE FROM export_log WHERE kind = 'tools' AND ref IN (SELECT step_id FROM retired_step_rows);
-         DELETE FROM steps WHERE step_id IN (SELECT step_id FROM retired_step_rows);
+         DELETE FROM steps WHERE seq IN (SELECT seq FROM retired_step_rows);
          DELETE FROM export_log WHERE kind = 'agent' AND ref IN ({emptied});
          DELETE FROM trajectories WHERE trajectory_id IN ({emptied});"
     ))?;

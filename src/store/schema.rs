@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 9;
+pub const VERSION: i64 = 10;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -111,11 +111,14 @@ const V4_TRACE_COLUMNS: [&str; 6] = [
 
 /// `ALTER TABLE ADD COLUMN` is not idempotent: a migration cut short after some columns were added (the version
 /// is written last) must not fail on the next start.
-fn add_column_if_missing(conn: &Connection, table: &str, column: &str, decl: &str) -> Result<(), StoreError> {
-    let exists: bool = conn
+fn has_column(conn: &Connection, table: &str, column: &str) -> Result<bool, StoreError> {
+    Ok(conn
         .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
-        .exists([column])?;
-    if !exists {
+        .exists([column])?)
+}
+
+fn add_column_if_missing(conn: &Connection, table: &str, column: &str, decl: &str) -> Result<(), StoreError> {
+    if !has_column(conn, table, column)? {
         conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
     }
     Ok(())
@@ -181,6 +184,88 @@ CREATE INDEX IF NOT EXISTS trajectories_named_session
     ON trajectories(session_id, started_us) WHERE session_id IS NOT NULL;
 "#;
 
+/// v10's indexes (see [`migrate_v10`]).
+const V10_INDEXES: &str = r#"
+CREATE UNIQUE INDEX IF NOT EXISTS trajectories_seq ON trajectories(seq);
+DROP INDEX IF EXISTS traces_trajectory;
+CREATE INDEX IF NOT EXISTS traces_trajectory_seq ON traces(trajectory_seq);
+"#;
+
+/// v10's numbers for rows that have none: every trajectory first (after the largest number already given), then
+/// the traces of each.
+const V10_NUMBERS: &str = r#"
+UPDATE trajectories SET seq = rowid + (SELECT COALESCE(MAX(seq), 0) FROM trajectories) WHERE seq IS NULL;
+UPDATE traces SET trajectory_seq = (SELECT k.seq FROM trajectories k WHERE k.trajectory_id = traces.trajectory_id)
+    WHERE trajectory_id IS NOT NULL AND trajectory_seq IS NULL;
+"#;
+
+/// The steps table of v10, built beside the old one and renamed over it.
+const V10_STEPS: &str = r#"
+CREATE TABLE steps_v10 (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    step_id        TEXT NOT NULL,
+    trajectory_id  TEXT NOT NULL,
+    trajectory_seq INTEGER,
+    session_id     TEXT,
+    step_index     INTEGER NOT NULL,
+    role           TEXT NOT NULL,
+    trace_id       TEXT,
+    started_us     INTEGER NOT NULL,
+    body           TEXT NOT NULL,
+    UNIQUE (trajectory_seq, step_id)
+);
+INSERT INTO steps_v10 (seq, step_id, trajectory_id, trajectory_seq, session_id, step_index, role, trace_id,
+        started_us, body)
+    SELECT s.seq, s.step_id, s.trajectory_id, k.seq, s.session_id, s.step_index, s.role, s.trace_id,
+        s.started_us, s.body
+    FROM steps s LEFT JOIN trajectories k ON k.trajectory_id = s.trajectory_id;
+DROP TABLE steps;
+ALTER TABLE steps_v10 RENAME TO steps;
+CREATE INDEX steps_trace ON steps(trace_id);
+"#;
+
+/// v10: a trajectory's traces and steps are found by a number the trajectory gets when its row is first written
+/// (`trajectories.seq`, one more than the largest so far), not by its id. Trajectory ids are hashes: indexes
+/// led by them put each new trajectory's first trace and first step on a random page, which every commit then
+/// rewrites, so the writer's cost per exchange grew with the store (`llmtap-bench store-rate`, see
+/// docs/performance.md, "Trajectory numbers"). New trajectories' numbers only grow, so their rows' index
+/// entries go to the end of `traces_trajectory_seq` and of the steps' key.
+/// - `traces_trajectory` becomes `traces_trajectory_seq`; a trace without a trajectory has NULL.
+/// - The steps' key is (trajectory number, step id) instead of the step id alone. A step id begins with its
+///   trajectory's id (`derive::steps`), so a step is still found by its id (`StoreReader::step`). SQLite cannot
+///   drop a column's UNIQUE, so the table is rebuilt; seq values (the export order) are kept.
+/// - Retention may delete the trajectory with the largest number only when every row under it is gone, so a
+///   number that comes back names nothing else.
+///
+/// In one transaction (a store is never left with half a steps table). Each part is skipped when done, so a store
+/// that has it (or has it in part) migrates the same way.
+fn migrate_v10(conn: &Connection) -> Result<(), StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let result = (|| {
+        add_column_if_missing(conn, "trajectories", "seq", "INTEGER")?;
+        add_column_if_missing(conn, "traces", "trajectory_seq", "INTEGER")?;
+        conn.execute_batch(V10_NUMBERS)?;
+        if has_column(conn, "steps", "trajectory_seq")? {
+            conn.execute_batch(
+                "UPDATE steps SET trajectory_seq = (SELECT k.seq FROM trajectories k
+                     WHERE k.trajectory_id = steps.trajectory_id) WHERE trajectory_seq IS NULL;",
+            )?;
+        } else {
+            conn.execute_batch(V10_STEPS)?;
+        }
+        conn.execute_batch(V10_INDEXES)?;
+        conn.pragma_update(None, "user_version", 10)?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => conn.execute_batch("COMMIT")?,
+        Err(_) => {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+    }
+    result
+}
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -217,6 +302,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 9 {
         conn.execute_batch(V9)?;
+    }
+    if version < 10 {
+        migrate_v10(conn)?;
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;
@@ -274,7 +362,14 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         conn.execute_batch(
             "INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body) VALUES
-                 ('t1', 's', 1, 2, '{}'), ('t2', 't2', 3, 4, '{}'), ('t3', 't2', 5, 6, '{}')",
+                 ('t1', 's', 1, 2, '{}'), ('t2', 't2', 3, 4, '{}'), ('t3', 't2', 5, 6, '{}');
+             INSERT INTO traces (id, trajectory_id, upstream, api, method, path, outcome, streamed, started_us,
+                     ended_us, request_bytes, response_bytes, request_headers, response_headers, metadata)
+                 VALUES ('c1', 't3', 'u', 'a', 'POST', '/', 'complete', 0, 5, 6, 0, 0, '{}', '{}', '{}'),
+                        ('c0', NULL, 'u', 'a', 'POST', '/', 'complete', 0, 7, 8, 0, 0, '{}', '{}', '{}');
+             INSERT INTO steps (seq, step_id, trajectory_id, step_index, role, started_us, body) VALUES
+                 (7, 't3/1', 't3', 1, 'user', 5, '{}'), (9, 't3/2', 't3', 2, 'agent', 5, '{}'),
+                 (8, 't1/1', 't1', 1, 'user', 1, '{}');",
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(indexes_of(&conn, "trajectories"), ["trajectories_session"]);
@@ -288,9 +383,10 @@ mod tests {
             migrate(&conn).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(
                 indexes_of(&conn, "trajectories"),
-                ["trajectories_named_session", "trajectories_started"]
+                ["trajectories_named_session", "trajectories_seq", "trajectories_started"]
             );
             assert_eq!(indexes_of(&conn, "steps"), ["steps_trace"]);
+            assert_eq!(indexes_of(&conn, "traces"), ["traces_started", "traces_trajectory_seq"]);
             let version: i64 = conn
                 .pragma_query_value(None, "user_version", |r| r.get(0))
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -316,6 +412,38 @@ mod tests {
                 "t1 is in session s, not a session of its own"
             );
             assert!(in_session(&conn, "t3").0.is_empty());
+            // v10: rows carry their trajectory's number; steps keep their seq (the export order).
+            let steps: Vec<(i64, String)> = conn
+                .prepare(&format!(
+                    "SELECT s.seq, s.step_id FROM steps s WHERE {} ORDER BY s.seq",
+                    crate::store::sql::rows_of("s", "?1")
+                ))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .query_map(["t3"], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .collect::<Result<_, _>>()
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(steps, [(7, "t3/1".to_owned()), (9, "t3/2".to_owned())]);
+            let traces: Vec<(String, Option<i64>)> = conn
+                .prepare("SELECT t.id, t.trajectory_seq FROM traces t ORDER BY t.id")
+                .unwrap_or_else(|e| panic!("{e}"))
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .collect::<Result<_, _>>()
+                .unwrap_or_else(|e| panic!("{e}"));
+            let t3: i64 = conn
+                .query_row("SELECT seq FROM trajectories WHERE trajectory_id = 't3'", [], |r| {
+                    r.get(0)
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(traces, [("c0".to_owned(), None), ("c1".to_owned(), Some(t3))]);
         }
+        // New steps are numbered after the ones kept (AUTOINCREMENT's counter came along).
+        conn.execute(
+            "INSERT INTO steps (step_id, trajectory_id, step_index, role, started_us, body) VALUES ('x/1', 'x', 1, 'user', 0, '{}')",
+            [],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(conn.last_insert_rowid(), 10);
     }
 }

@@ -11,7 +11,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
+use rustc_hash::FxHashMap;
 
 use super::checkpoint::{CHECKPOINT_PAGES, Checkpointer};
 use super::chunks::{ChunkCache, store_request};
@@ -25,7 +26,7 @@ use crate::model::cost::CostBreakdown;
 use crate::model::json::JsonText;
 use crate::model::record::ExportKind;
 use crate::model::step::{Step, TrajectorySummary};
-use crate::model::trace::ProviderTrace;
+use crate::model::trace::{ProviderTrace, rfc3339};
 use crate::telemetry::Metrics;
 
 /// Batches the channel holds before the pipeline waits. Each is one pipeline pass: at most 64 exchanges (about
@@ -246,22 +247,36 @@ fn tune_writer(conn: &Connection) -> Result<(), StoreError> {
 pub(crate) fn write_batch(conn: &mut Connection, batch: &[Record], chunks: &mut ChunkCache) -> Result<(), StoreError> {
     let result = (|| {
         let tx = conn.transaction()?;
-        for (record, slot) in batch.iter().zip(plan(batch)) {
+        let slots = plan(batch);
+        // Trajectory rows first: their traces and steps carry the number a trajectory gets when its row is first
+        // written (schema v10). The pipeline sends each call's summary with its trace and steps, so this finds
+        // the number of nearly every row of the batch.
+        let mut numbers = TrajectoryNumbers::default();
+        for (record, slot) in batch.iter().zip(&slots) {
+            if let (Record::Trajectory(t), &Slot::TrajectoryFirst { last, prompts, tools }) = (record, slot) {
+                let at = |i: Option<usize>| i.and_then(|i| trajectory_at(batch, i));
+                let last = at(Some(last)).unwrap_or(t);
+                let number = upsert_trajectory(&tx, t, last, at(prompts), at(tools))?;
+                numbers.0.insert(&t.trajectory_id, number);
+            }
+        }
+        for (record, slot) in batch.iter().zip(slots) {
             match (record, slot) {
-                (Record::Trace(t), _) => insert_trace(&tx, t, chunks)?,
+                (Record::Trace(t), _) => {
+                    let number = match &t.trajectory_id {
+                        Some(id) => Some(numbers.of(&tx, id, || placeholder_for_trace(t, id))?),
+                        None => None,
+                    };
+                    insert_trace(&tx, t, number, chunks)?
+                }
                 (Record::Step(s), Slot::StepFirst { last }) => {
                     let last = step_at(batch, last).unwrap_or(s);
-                    let inserted = upsert_step(&tx, s, last)?;
+                    let number = numbers.of(&tx, &s.trajectory_id, || placeholder_for_step(s))?;
+                    let inserted = upsert_step(&tx, s, last, number)?;
                     log_step(&tx, s, inserted)?;
                 }
                 // A later version: the row exists by then, as its first version wrote it.
                 (Record::Step(s), _) => log_step(&tx, s, false)?,
-                (Record::Trajectory(t), Slot::TrajectoryFirst { last, prompts, tools }) => {
-                    let at = |i: Option<usize>| i.and_then(|i| trajectory_at(batch, i));
-                    let last = at(Some(last)).unwrap_or(t);
-                    upsert_trajectory(&tx, t, last, at(prompts), at(tools))?;
-                    log_trajectory(&tx, t)?;
-                }
                 (Record::Trajectory(t), _) => log_trajectory(&tx, t)?,
             }
         }
@@ -276,13 +291,72 @@ pub(crate) fn write_batch(conn: &mut Connection, batch: &[Record], chunks: &mut 
     result
 }
 
+/// Trajectory id → its number (`trajectories.seq`), for one transaction.
+#[derive(Default)]
+struct TrajectoryNumbers<'a>(FxHashMap<&'a str, i64>);
+
+impl<'a> TrajectoryNumbers<'a> {
+    /// The number of trajectory `id`: as the batch's summaries wrote it, else as the store holds it. A trajectory
+    /// with no row yet (a trace or step sent without its summary, which the pipeline does not do) gets one now,
+    /// from `placeholder`; its summary, when it comes, replaces all but its start.
+    fn of(
+        &mut self,
+        tx: &rusqlite::Transaction<'_>,
+        id: &'a str,
+        placeholder: impl FnOnce() -> TrajectorySummary,
+    ) -> Result<i64, StoreError> {
+        if let Some(&n) = self.0.get(id) {
+            return Ok(n);
+        }
+        let stored = tx
+            .prepare_cached("SELECT seq FROM trajectories WHERE trajectory_id = ?1")?
+            .query_row([id], |r| r.get::<_, i64>(0))
+            .optional()?;
+        let n = match stored {
+            Some(n) => n,
+            None => {
+                let summary = placeholder();
+                upsert_trajectory(tx, &summary, &summary, None, None)?
+            }
+        };
+        self.0.insert(id, n);
+        Ok(n)
+    }
+}
+
+fn placeholder_for_trace(t: &ProviderTrace, id: &str) -> TrajectorySummary {
+    TrajectorySummary {
+        trajectory_id: id.to_owned(),
+        session_id: t.session_id.clone(),
+        started_at: rfc3339(t.timings.start),
+        ended_at: rfc3339(t.timings.end),
+        ..Default::default()
+    }
+}
+
+fn placeholder_for_step(s: &Step) -> TrajectorySummary {
+    TrajectorySummary {
+        trajectory_id: s.trajectory_id.clone(),
+        session_id: s.session_id.clone(),
+        started_at: s.timestamp.clone(),
+        ended_at: s.timestamp.clone(),
+        ..Default::default()
+    }
+}
+
 /// A value as JSON text for a column. A failure is an error, never an empty string: a row with `""` where JSON
 /// belongs would read back as corrupt later instead of failing now, where it is counted and logged.
 fn json<T: serde::Serialize + ?Sized>(what: &'static str, value: &T) -> Result<String, StoreError> {
     serde_json::to_string(value).map_err(|source| StoreError::Serialize { what, source })
 }
 
-fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace, chunks: &mut ChunkCache) -> Result<(), StoreError> {
+/// `number`: the trace's trajectory's (None without a trajectory).
+fn insert_trace(
+    tx: &rusqlite::Transaction<'_>,
+    t: &ProviderTrace,
+    number: Option<i64>,
+    chunks: &mut ChunkCache,
+) -> Result<(), StoreError> {
     let usage = t.usage.as_ref().map(|u| json("usage", u)).transpose()?;
     let request_headers = json("request headers", &t.request_headers)?;
     let response_headers = json("response headers", &t.response_headers)?;
@@ -293,9 +367,9 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace, chunks: &mut 
     tx.prepare_cached("INSERT OR REPLACE INTO traces (id, trajectory_id, session_id, agent, upstream, api, method, path, status, outcome,
             error, streamed, model, started_us, first_byte_us, ended_us, request_bytes, response_bytes, usage,
             request_headers, response_headers, metadata, facts, cost_usd, cost_input_usd, cost_cache_read_usd,
-            cost_cache_write_usd, cost_output_usd, cost_reasoning_usd)
+            cost_cache_write_usd, cost_output_usd, cost_reasoning_usd, trajectory_seq)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22,
-            ?23, ?24, ?25, ?26, ?27, ?28, ?29)")?.execute(params![
+            ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)")?.execute(params![
             t.id,
             t.trajectory_id,
             t.session(),
@@ -325,6 +399,7 @@ fn insert_trace(tx: &rusqlite::Transaction<'_>, t: &ProviderTrace, chunks: &mut 
             cost(|c| c.cache_write),
             cost(|c| c.output),
             cost(|c| c.reasoning),
+            number,
         ],
     )?;
     let body = |v: &JsonText| (!v.is_null()).then(|| compress(v.as_str()));
@@ -367,8 +442,9 @@ fn trajectory_at(batch: &[Record], i: usize) -> Option<&TrajectorySummary> {
 }
 
 /// Writes the step's row as versions `first` to `last` of the batch leave it (see `coalesce.rs`): the columns
-/// an update keeps from `first`, the body and trace id from `last`. True if the row is new.
-fn upsert_step(tx: &rusqlite::Transaction<'_>, first: &Step, last: &Step) -> Result<bool, StoreError> {
+/// an update keeps from `first`, the body and trace id from `last`. `number`: its trajectory's. True if the row
+/// is new.
+fn upsert_step(tx: &rusqlite::Transaction<'_>, first: &Step, last: &Step, number: i64) -> Result<bool, StoreError> {
     let started_us = first
         .timings
         .as_ref()
@@ -384,8 +460,9 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, first: &Step, last: &Step) -> Res
     // export position) of the step.
     let inserted = tx
         .prepare_cached(
-            "INSERT OR IGNORE INTO steps (step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, body)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            "INSERT OR IGNORE INTO steps (step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, body,
+                 trajectory_seq)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )?
         .execute(params![
             first.step_id,
@@ -395,12 +472,13 @@ fn upsert_step(tx: &rusqlite::Transaction<'_>, first: &Step, last: &Step) -> Res
             first.role.as_str(),
             last.provider_trace_id,
             started_us,
-            body
+            body,
+            number
         ])?
         == 1;
     if !inserted {
-        tx.prepare_cached("UPDATE steps SET body = ?2, trace_id = ?3 WHERE step_id = ?1")?
-            .execute(params![first.step_id, body, last.provider_trace_id])?;
+        tx.prepare_cached("UPDATE steps SET body = ?2, trace_id = ?3 WHERE trajectory_seq = ?4 AND step_id = ?1")?
+            .execute(params![first.step_id, body, last.provider_trace_id, number])?;
     }
     Ok(inserted)
 }
@@ -419,14 +497,15 @@ fn log_step(tx: &rusqlite::Transaction<'_>, s: &Step, inserted: bool) -> Result<
 
 /// Writes the trajectory's row as versions `first` to `last` of the batch leave it (see `coalesce.rs`): its start
 /// from `first` (an update keeps it), the rest from `last`, the system prompts and tool definitions from the last
-/// versions that carry them (`None`: kept as they are).
+/// versions that carry them (`None`: kept as they are). Returns its number: a new row's is one more than the
+/// largest so far.
 fn upsert_trajectory(
     tx: &rusqlite::Transaction<'_>,
     first: &TrajectorySummary,
     last: &TrajectorySummary,
     prompts: Option<&TrajectorySummary>,
     tools: Option<&TrajectorySummary>,
-) -> Result<(), StoreError> {
+) -> Result<i64, StoreError> {
     let us = |s: &str| {
         chrono::DateTime::parse_from_rfc3339(s)
             .map(|t| t.timestamp_micros())
@@ -444,14 +523,30 @@ fn upsert_trajectory(
     // The column holds a session only when it is not the trajectory's own id (schema v9): such rows stay out of
     // the session index. The body keeps the summary's session id as it is.
     let session = last.session_id.as_deref().filter(|s| *s != first.trajectory_id);
-    tx.prepare_cached("INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body, system_prompts, tool_definitions)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-         ON CONFLICT(trajectory_id) DO UPDATE SET session_id = excluded.session_id, ended_us = excluded.ended_us,
-             body = excluded.body,
-             system_prompts = COALESCE(excluded.system_prompts, trajectories.system_prompts),
-             tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)")?.execute(params![first.trajectory_id, session, us(&first.started_at), us(&last.ended_at), body, prompts, tools],
-    )?;
-    Ok(())
+    let number = tx
+        .prepare_cached(
+            "INSERT INTO trajectories (trajectory_id, session_id, started_us, ended_us, body, system_prompts,
+                 tool_definitions, seq)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT COALESCE(MAX(seq), 0) + 1 FROM trajectories))
+             ON CONFLICT(trajectory_id) DO UPDATE SET session_id = excluded.session_id, ended_us = excluded.ended_us,
+                 body = excluded.body,
+                 system_prompts = COALESCE(excluded.system_prompts, trajectories.system_prompts),
+                 tool_definitions = COALESCE(excluded.tool_definitions, trajectories.tool_definitions)
+             RETURNING seq",
+        )?
+        .query_row(
+            params![
+                first.trajectory_id,
+                session,
+                us(&first.started_at),
+                us(&last.ended_at),
+                body,
+                prompts,
+                tools
+            ],
+            |r| r.get(0),
+        )?;
+    Ok(number)
 }
 
 /// The export-log entry of one version of a trajectory.
@@ -510,12 +605,12 @@ mod tests {
     fn contents(conn: &Connection) -> Vec<String> {
         let mut out = Vec::new();
         for sql in [
-            "SELECT step_id, trajectory_id, session_id, step_index, role, trace_id, started_us, \
+            "SELECT step_id, trajectory_id, trajectory_seq, session_id, step_index, role, trace_id, started_us, \
              CAST(body AS BLOB) FROM steps ORDER BY seq",
-            "SELECT trajectory_id, session_id, started_us, ended_us, body, system_prompts, tool_definitions \
+            "SELECT trajectory_id, session_id, started_us, ended_us, body, system_prompts, tool_definitions, seq \
              FROM trajectories ORDER BY trajectory_id",
-            "SELECT kind, ref, NULL, NULL, NULL, NULL, NULL FROM export_log ORDER BY seq",
-            "SELECT id, trajectory_id, session_id, NULL, NULL, NULL, NULL FROM traces ORDER BY seq",
+            "SELECT kind, ref, NULL, NULL, NULL, NULL, NULL, NULL FROM export_log ORDER BY seq",
+            "SELECT id, trajectory_id, trajectory_seq, session_id, NULL, NULL, NULL, NULL FROM traces ORDER BY seq",
         ] {
             let mut stmt = conn.prepare(sql).unwrap_or_else(|e| panic!("{e}"));
             let n = stmt.column_count();
