@@ -1,6 +1,6 @@
 //! Faults on the proxy side, through the real binary: compression bombs, capture memory under concurrent
 //! uploads, slow and idle clients, the connection limit, HTTP/2 clients in front of HTTP/1.1-only upstreams,
-//! dot segments, and shutdown with a hung upstream. The upstream here is scripted (plain HTTP/1.1 only, like a
+//! dot segments, shutdown with a hung upstream, and an upstream answering before it has read the request. The upstream here is scripted (plain HTTP/1.1 only, like a
 //! local vLLM or Ollama), so each test decides exactly what it answers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -642,4 +642,130 @@ async fn sigterm_ends_llmtap_within_the_grace_even_with_a_hung_upstream_and_keep
         assert_eq!(t["outcome"], "client_gone");
         assert_eq!(t["request"]["model"], "m", "the request as captured");
     }
+}
+
+/// An upstream that answers each request as soon as it has its headers, then reads (and drops) its body before
+/// the next request on the connection: a server rejecting an upload early, or one that does not need the body.
+fn early_answering_upstream() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                loop {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if stream.read(&mut byte).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{CHAT_RESPONSE}",
+                        CHAT_RESPONSE.len()
+                    );
+                    if stream.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                    let body = content_length(&String::from_utf8_lossy(&head)) as u64;
+                    if std::io::copy(&mut (&mut stream).take(body), &mut std::io::sink()).unwrap_or(0) < body {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn content_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .unwrap_or(0)
+}
+
+/// Reads one HTTP/1.1 response with a content-length from `stream`: (status line, body).
+fn read_response(stream: &mut TcpStream) -> (String, Vec<u8>) {
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&data[..end]).into_owned();
+            let length = content_length(&head);
+            if data.len() >= end + 4 + length {
+                let status = head.lines().next().unwrap_or_default().to_owned();
+                return (status, data[end + 4..end + 4 + length].to_vec());
+            }
+        }
+        let n = stream.read(&mut buf).expect("the response before the request's end");
+        assert!(n > 0, "connection closed before the whole response");
+        data.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// An upstream may answer before it has read the whole request. The client gets the answer as sent; the trace is
+/// kept with what arrived, and says `truncated`, not `complete`: its request was still coming when the response
+/// ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_ends_before_its_request_is_captured_as_truncated() {
+    let upstream = early_answering_upstream();
+    let config =
+        format!("[upstreams.local]\nurl = \"http://{upstream}/prefix\"\napi = \"openai\"\n[api]\nlisten = \"off\"\n");
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&config, dir.path());
+
+    // The request's body is 1 MiB; the client sends its first 64 KiB, waits for the whole answer, then the rest.
+    let body = {
+        let pad = "x".repeat(1024 * 1024 - CHAT_REQUEST.len() - 20);
+        format!(r#"{{"model":"m","pad":"{pad}","messages":[{{"role":"user","content":"hi"}}]}}"#)
+    };
+    let addr = tap
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    let head = format!(
+        "POST /local/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&body.as_bytes()[..64 * 1024]).unwrap();
+    let (status, answer) = read_response(&mut stream);
+    assert!(status.contains(" 200"), "{status}");
+    assert_eq!(
+        answer,
+        CHAT_RESPONSE.as_bytes(),
+        "the client gets the upstream's answer as sent"
+    );
+    let _ = stream.write_all(&body.as_bytes()[64 * 1024..]);
+    drop(stream);
+
+    let traces = tap.wait_for_traces(1);
+    assert_eq!(traces.len(), 1, "{traces:?}");
+    assert_eq!(traces[0]["outcome"], "truncated", "{}", traces[0]);
+    assert_eq!(traces[0]["status"], 200);
+    assert_eq!(tap.metric("llmtap_capture_truncated_total"), 1);
+
+    // A call answered after its whole request is still complete.
+    let client = common::client();
+    let reply = common::send(
+        &client,
+        "POST",
+        &tap.url("/local/v1/chat/completions"),
+        &[],
+        CHAT_REQUEST.into(),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let traces = tap.wait_for_traces(2);
+    let outcomes: Vec<&str> = traces.iter().filter_map(|t| t["outcome"].as_str()).collect();
+    assert!(outcomes.contains(&"complete"), "{outcomes:?}");
 }
