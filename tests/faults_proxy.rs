@@ -1,7 +1,8 @@
 //! Faults on the proxy side, through the real binary: compression bombs, capture memory under concurrent
 //! uploads, slow and idle clients, the connection limit, HTTP/2 clients in front of HTTP/1.1-only upstreams,
-//! dot segments, shutdown with a hung upstream, and an upstream answering before it has read the request. The upstream here is scripted (plain HTTP/1.1 only, like a
-//! local vLLM or Ollama), so each test decides exactly what it answers.
+//! dot segments, shutdown with a hung upstream, and an upstream answering before it has read the request. The
+//! upstream here is scripted (plain HTTP/1.1 only, like a local vLLM or Ollama), so each test decides exactly
+//! what it answers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
