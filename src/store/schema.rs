@@ -327,6 +327,20 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// The rows of a two-column query.
+    fn pairs<A: rusqlite::types::FromSql, B: rusqlite::types::FromSql>(
+        conn: &Connection,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Vec<(A, B)> {
+        conn.prepare(sql)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .query_map(params, |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// The trajectories of session key `key`, asked as every query asks (`sql::in_session`), with the plan's
     /// index names.
     fn in_session(conn: &Connection, key: &str) -> (Vec<String>, String) {
@@ -391,13 +405,11 @@ mod tests {
                 .pragma_query_value(None, "user_version", |r| r.get(0))
                 .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(version, VERSION);
-            let sessions: Vec<(String, Option<String>)> = conn
-                .prepare("SELECT trajectory_id, session_id FROM trajectories ORDER BY trajectory_id")
-                .unwrap_or_else(|e| panic!("{e}"))
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-                .unwrap_or_else(|e| panic!("{e}"))
-                .collect::<Result<_, _>>()
-                .unwrap_or_else(|e| panic!("{e}"));
+            let sessions: Vec<(String, Option<String>)> = pairs(
+                &conn,
+                "SELECT trajectory_id, session_id FROM trajectories ORDER BY trajectory_id",
+                [],
+            );
             let own = |t: &str, s: Option<&str>| (t.to_owned(), s.map(str::to_owned));
             assert_eq!(sessions, [own("t1", Some("s")), own("t2", None), own("t3", Some("t2"))]);
             let (s, plan) = in_session(&conn, "s");
@@ -413,24 +425,17 @@ mod tests {
             );
             assert!(in_session(&conn, "t3").0.is_empty());
             // v10: rows carry their trajectory's number; steps keep their seq (the export order).
-            let steps: Vec<(i64, String)> = conn
-                .prepare(&format!(
+            let steps: Vec<(i64, String)> = pairs(
+                &conn,
+                &format!(
                     "SELECT s.seq, s.step_id FROM steps s WHERE {} ORDER BY s.seq",
                     crate::store::sql::rows_of("s", "?1")
-                ))
-                .unwrap_or_else(|e| panic!("{e}"))
-                .query_map(["t3"], |r| Ok((r.get(0)?, r.get(1)?)))
-                .unwrap_or_else(|e| panic!("{e}"))
-                .collect::<Result<_, _>>()
-                .unwrap_or_else(|e| panic!("{e}"));
+                ),
+                ["t3"],
+            );
             assert_eq!(steps, [(7, "t3/1".to_owned()), (9, "t3/2".to_owned())]);
-            let traces: Vec<(String, Option<i64>)> = conn
-                .prepare("SELECT t.id, t.trajectory_seq FROM traces t ORDER BY t.id")
-                .unwrap_or_else(|e| panic!("{e}"))
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-                .unwrap_or_else(|e| panic!("{e}"))
-                .collect::<Result<_, _>>()
-                .unwrap_or_else(|e| panic!("{e}"));
+            let traces: Vec<(String, Option<i64>)> =
+                pairs(&conn, "SELECT t.id, t.trajectory_seq FROM traces t ORDER BY t.id", []);
             let t3: i64 = conn
                 .query_row("SELECT seq FROM trajectories WHERE trajectory_id = 't3'", [], |r| {
                     r.get(0)

@@ -695,4 +695,52 @@ mod tests {
             assert_eq!(store_of(&batches), expected, "batches of {size}");
         }
     }
+
+    /// Rows sent without their trajectory's summary (the pipeline always sends it; another writer might not) are
+    /// still numbered under their trajectory and found by it; the summary that comes later keeps the number and
+    /// replaces the placeholder's body.
+    #[test]
+    fn rows_sent_before_their_summary_are_found_under_their_trajectory() {
+        let records = sessions();
+        let Some(Record::Step(step)) = records.iter().find(|r| matches!(r, Record::Step(_))) else {
+            panic!("no step")
+        };
+        let Some(Record::Trajectory(summary)) = records
+            .iter()
+            .find(|r| matches!(r, Record::Trajectory(t) if t.trajectory_id == step.trajectory_id))
+        else {
+            panic!("no summary")
+        };
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = crate::store::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let mut chunks = ChunkCache::default();
+        let write = |conn: &mut Connection, chunks: &mut ChunkCache, r: &Record| {
+            write_batch(conn, std::slice::from_ref(r), chunks).unwrap_or_else(|e| panic!("{e}"))
+        };
+        write(&mut conn, &mut chunks, &Record::Step(step.clone()));
+        let reader = crate::store::StoreReader::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let found = |reader: &crate::store::StoreReader| {
+            reader
+                .steps_page(&step.trajectory_id, None, 10)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .into_iter()
+                .map(|s| s.step_id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(found(&reader), [step.step_id.clone()]);
+        let number = |conn: &Connection| -> (i64, String) {
+            conn.query_row(
+                "SELECT seq, body FROM trajectories WHERE trajectory_id = ?1",
+                [&step.trajectory_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let (placeholder, _) = number(&conn);
+        write(&mut conn, &mut chunks, &Record::Trajectory(summary.clone()));
+        let (kept, body) = number(&conn);
+        assert_eq!(kept, placeholder);
+        assert!(body.contains("\"llm_calls\":1"), "{body}");
+        assert_eq!(found(&reader), [step.step_id.clone()]);
+    }
 }
