@@ -274,6 +274,14 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
             supported: VERSION,
         });
     }
+    if version > 0 && version < VERSION {
+        // Said before the work: a large store's upgrade takes seconds (v10 copies the steps table).
+        tracing::info!(
+            from = version,
+            to = VERSION,
+            "Upgrading the store's schema (once; may take a while)"
+        );
+    }
     if version < 1 {
         conn.execute_batch(V1)?;
     }
