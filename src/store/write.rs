@@ -727,7 +727,7 @@ mod tests {
                 .map(|s| s.step_id)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(found(&reader), [step.step_id.clone()]);
+        assert_eq!(found(&reader), std::slice::from_ref(&step.step_id));
         let number = |conn: &Connection| -> (i64, String) {
             conn.query_row(
                 "SELECT seq, body FROM trajectories WHERE trajectory_id = ?1",
@@ -741,6 +741,6 @@ mod tests {
         let (kept, body) = number(&conn);
         assert_eq!(kept, placeholder);
         assert!(body.contains("\"llm_calls\":1"), "{body}");
-        assert_eq!(found(&reader), [step.step_id.clone()]);
+        assert_eq!(found(&reader), std::slice::from_ref(&step.step_id));
     }
 }
