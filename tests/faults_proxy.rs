@@ -297,13 +297,14 @@ fn time_until_closed(stream: &mut TcpStream, limit: Duration) -> Option<Duration
     None
 }
 
+/// The head of an HTTP/1.1 JSON POST to `path` with a body of `length` bytes, as raw bytes on the wire.
+fn post_head(path: &str, length: usize) -> String {
+    format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n")
+}
+
 /// A whole HTTP/1.1 chat completion request for `path`, as raw bytes on the wire.
 fn chat_request(path: &str) -> String {
-    format!(
-        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-        CHAT_REQUEST.len(),
-        CHAT_REQUEST
-    )
+    post_head(path, CHAT_REQUEST.len()) + CHAT_REQUEST
 }
 
 /// One header byte every 300 ms on `stream` (for up to 18 s, or until the write fails): always something
@@ -727,17 +728,10 @@ async fn an_answer_that_ends_before_its_request_is_captured_as_truncated() {
         let pad = "x".repeat(1024 * 1024 - CHAT_REQUEST.len() - 20);
         format!(r#"{{"model":"m","pad":"{pad}","messages":[{{"role":"user","content":"hi"}}]}}"#)
     };
-    let addr = tap
-        .url("/")
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
-    let mut stream = TcpStream::connect(&addr).unwrap();
-    let head = format!(
-        "POST /local/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).unwrap();
+    let mut stream = TcpStream::connect(tap.addr).unwrap();
+    stream
+        .write_all(post_head("/local/v1/chat/completions", body.len()).as_bytes())
+        .unwrap();
     stream.write_all(&body.as_bytes()[..64 * 1024]).unwrap();
     let (status, answer) = read_response(&mut stream);
     assert!(status.contains(" 200"), "{status}");

@@ -366,12 +366,17 @@ impl StoreReader {
         }
     }
 
-    /// The first agent step whose `column` is `value`, deserialized as `T` (a [`Step`], or a part of one).
-    fn step_where<T: serde::de::DeserializeOwned>(&self, column: &str, value: &str) -> Result<Option<T>, StoreError> {
+    /// The first agent step (by `seq`) of the rows on `condition` (over the steps row `s`, with `params`),
+    /// deserialized as `T` (a [`Step`], or a part of one).
+    fn step_where<T: serde::de::DeserializeOwned>(
+        &self,
+        condition: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<Option<T>, StoreError> {
         let sql =
-            format!("SELECT step_id, body FROM steps WHERE {column} = ?1 AND role = 'agent' ORDER BY seq LIMIT 1");
+            format!("SELECT step_id, body FROM steps s WHERE {condition} AND s.role = 'agent' ORDER BY s.seq LIMIT 1");
         let mut stmt = self.conn.prepare_cached(&sql)?;
-        let mut rows = stmt.query([value])?;
+        let mut rows = stmt.query(params)?;
         match rows.next()? {
             Some(row) => Ok(Some(step_from_row(row)?)),
             None => Ok(None),
@@ -380,7 +385,7 @@ impl StoreReader {
 
     /// The agent step derived from a provider trace.
     pub fn step_for_trace(&self, trace_id: &str) -> Result<Option<Step>, StoreError> {
-        self.step_where("trace_id", trace_id)
+        self.step_where("s.trace_id = ?1", [trace_id])
     }
 
     /// What the agent step derived from a provider trace adds to the trace's span (see [`StepSpanFacts`]).
@@ -388,7 +393,7 @@ impl StoreReader {
         if let Some(facts) = self.recent.as_ref().and_then(|r| r.step_span_facts_for_trace(trace_id)) {
             return Ok(Some(facts));
         }
-        self.step_where("trace_id", trace_id)
+        self.step_where("s.trace_id = ?1", [trace_id])
     }
 
     /// The agent step with this id, found under its trajectory (the id's first part, `sql::trajectory_of_step`).
@@ -396,16 +401,10 @@ impl StoreReader {
         let Some(trajectory) = trajectory_of_step(step_id) else {
             return Ok(None);
         };
-        let sql = format!(
-            "SELECT step_id, body FROM steps s WHERE {} AND s.step_id = ?2 AND s.role = 'agent'",
-            rows_of("s", "?1")
-        );
-        let mut stmt = self.conn.prepare_cached(&sql)?;
-        let mut rows = stmt.query([trajectory, step_id])?;
-        match rows.next()? {
-            Some(row) => Ok(Some(step_from_row(row)?)),
-            None => Ok(None),
-        }
+        self.step_where(
+            &format!("{} AND s.step_id = ?2", rows_of("s", "?1")),
+            [trajectory, step_id],
+        )
     }
 
     /// One trajectory by id, with its system prompts and tool definitions (see also `trajectory_light`).

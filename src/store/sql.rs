@@ -18,7 +18,7 @@ pub fn in_session(alias: &str, key: &str) -> String {
 
 /// The number (`trajectories.seq`, schema v10) of the trajectory with the id `trajectory` (an SQL expression).
 /// A trajectory's traces and steps carry it as `trajectory_seq`: their indexes are led by it, not by the id.
-pub fn trajectory_seq(trajectory: &str) -> String {
+fn trajectory_seq(trajectory: &str) -> String {
     format!("(SELECT n.seq FROM trajectories n WHERE n.trajectory_id = {trajectory})")
 }
 
