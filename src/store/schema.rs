@@ -111,14 +111,11 @@ const V4_TRACE_COLUMNS: [&str; 6] = [
 
 /// `ALTER TABLE ADD COLUMN` is not idempotent: a migration cut short after some columns were added (the version
 /// is written last) must not fail on the next start.
-fn has_column(conn: &Connection, table: &str, column: &str) -> Result<bool, StoreError> {
-    Ok(conn
-        .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
-        .exists([column])?)
-}
-
 fn add_column_if_missing(conn: &Connection, table: &str, column: &str, decl: &str) -> Result<(), StoreError> {
-    if !has_column(conn, table, column)? {
+    let exists: bool = conn
+        .prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?
+        .exists([column])?;
+    if !exists {
         conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
     }
     Ok(())
@@ -191,12 +188,11 @@ DROP INDEX IF EXISTS traces_trajectory;
 CREATE INDEX IF NOT EXISTS traces_trajectory_seq ON traces(trajectory_seq);
 "#;
 
-/// v10's numbers for rows that have none: every trajectory first (after the largest number already given), then
-/// the traces of each.
+/// v10's numbers for the rows a store already holds: every trajectory by its rowid, then the traces of each.
 const V10_NUMBERS: &str = r#"
-UPDATE trajectories SET seq = rowid + (SELECT COALESCE(MAX(seq), 0) FROM trajectories) WHERE seq IS NULL;
+UPDATE trajectories SET seq = rowid;
 UPDATE traces SET trajectory_seq = (SELECT k.seq FROM trajectories k WHERE k.trajectory_id = traces.trajectory_id)
-    WHERE trajectory_id IS NOT NULL AND trajectory_seq IS NULL;
+    WHERE trajectory_id IS NOT NULL;
 "#;
 
 /// The steps table of v10, built beside the old one and renamed over it.
@@ -237,22 +233,14 @@ CREATE INDEX steps_trace ON steps(trace_id);
 /// - Retention may delete the trajectory with the largest number only when every row under it is gone, so a
 ///   number that comes back names nothing else.
 ///
-/// In one transaction (a store is never left with half a steps table). Each part is skipped when done, so a store
-/// that has it (or has it in part) migrates the same way.
+/// In one transaction: a store is never left with half a steps table, so a store below v10 has none of it.
 fn migrate_v10(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
         add_column_if_missing(conn, "trajectories", "seq", "INTEGER")?;
         add_column_if_missing(conn, "traces", "trajectory_seq", "INTEGER")?;
         conn.execute_batch(V10_NUMBERS)?;
-        if has_column(conn, "steps", "trajectory_seq")? {
-            conn.execute_batch(
-                "UPDATE steps SET trajectory_seq = (SELECT k.seq FROM trajectories k
-                     WHERE k.trajectory_id = steps.trajectory_id) WHERE trajectory_seq IS NULL;",
-            )?;
-        } else {
-            conn.execute_batch(V10_STEPS)?;
-        }
+        conn.execute_batch(V10_STEPS)?;
         conn.execute_batch(V10_INDEXES)?;
         conn.pragma_update(None, "user_version", 10)?;
         Ok(())
