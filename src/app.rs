@@ -73,6 +73,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             derive: config.derive.clone(),
             body_cap: config.capture.max_body_bytes,
             prices,
+            spill_limit: (config.capture.spill_bytes > 0).then_some(config.capture.spill_bytes),
         };
         if config.capture.spill_bytes > 0 {
             // The spill thread consumes the queue and feeds the pipeline through a handoff of

@@ -155,6 +155,8 @@ pub struct Metrics {
     pub capture_spill_bytes: Counter,
     pub capture_spilled: Counter,
     pub capture_spill_errors: Counter,
+    /// Milliseconds the pipeline waited for the data path (see `background::deferral`).
+    pub pipeline_deferred_ms: Counter,
     logged_spill_error: Once,
     pub processed: Counter,
     pub process_errors: Counter,
@@ -311,6 +313,11 @@ impl Metrics {
                 "llmtap_capture_spill_errors_total",
                 "Spill records that could not be written or read back (a full disk, a torn record after a crash).",
                 self.capture_spill_errors.get(),
+            ),
+            (
+                "llmtap_pipeline_deferred_milliseconds_total",
+                "Time the pipeline left captured exchanges in the spill because the proxy needed the machine's CPU.",
+                self.pipeline_deferred_ms.get(),
             ),
             (
                 "llmtap_capture_truncated_total",

@@ -11,7 +11,7 @@ pub mod pricing;
 pub mod process;
 pub mod secrets;
 
-use crate::background::run_in_background;
+use crate::background::{YieldToDataPath, run_in_background};
 
 use std::sync::Arc;
 use std::sync::mpsc::RecvTimeoutError;
@@ -39,6 +39,9 @@ pub struct Settings {
     /// `capture.max_body_bytes`: the most a body may decode to.
     pub body_cap: usize,
     pub prices: crate::cost::CostTable,
+    /// With the capture spill on: its `capture.spill_bytes`. The pipeline then waits while the data path
+    /// needs the CPU, as long as the spill is less than half full (see `background::deferral`).
+    pub spill_limit: Option<u64>,
 }
 
 /// `rx` is the capture queue, or the spill stage's handoff when the spill is on (`capture::spill`).
@@ -58,11 +61,23 @@ pub fn spawn(
                 derive,
                 body_cap,
                 prices,
+                spill_limit,
             } = settings;
             let mut deriver = Deriver::new(derive);
             let tick = Duration::from_secs(1);
             let mut last_sweep = std::time::Instant::now();
+            let mut spill_room = spill_limit.map(|limit| SpillRoom::new(limit, &metrics));
+            let mut yielding = YieldToDataPath::default();
             loop {
+                if let Some(room) = spill_room.as_mut()
+                    && yielding.should_wait(|| room.allows_waiting(&metrics))
+                {
+                    metrics
+                        .pipeline_deferred_ms
+                        .add(YieldToDataPath::WINDOW.as_millis() as u64);
+                    std::thread::sleep(YieldToDataPath::WINDOW);
+                    continue;
+                }
                 // Wake up at least once a second to close idle trajectories; when stopping, look often so that
                 // the thread ends as soon as the queue is empty.
                 let wait = if stop.is_cancelled() { STOPPING_POLL } else { tick };
@@ -104,6 +119,29 @@ pub fn spawn(
             emit(&store, &metrics, live.as_ref(), deriver.close_all());
             metrics.derive_open_trajectories.set(0);
         })
+}
+
+/// Whether the pipeline may leave exchanges in the spill for another window: the spill is less than half
+/// full, and no spill write failed since the last look (a failing disk drops what is routed to it).
+struct SpillRoom {
+    limit: u64,
+    errors_seen: u64,
+}
+
+impl SpillRoom {
+    fn new(limit: u64, metrics: &Metrics) -> SpillRoom {
+        SpillRoom {
+            limit,
+            errors_seen: metrics.capture_spill_errors.get(),
+        }
+    }
+
+    fn allows_waiting(&mut self, metrics: &Metrics) -> bool {
+        let errors = metrics.capture_spill_errors.get();
+        let no_new_errors = errors == self.errors_seen;
+        self.errors_seen = errors;
+        no_new_errors && metrics.capture_spill_bytes.get() < self.limit / 2
+    }
 }
 
 /// The exchanges of one pass: `first`, then those already queued behind it, until the pass holds
@@ -170,6 +208,24 @@ mod tests {
             out.push(pass(first, &mut rx).map(|e| e.id.as_u128()).collect());
         }
         out
+    }
+
+    #[test]
+    fn the_pipeline_may_leave_work_in_the_spill_only_while_it_is_less_than_half_full_and_healthy() {
+        let metrics = Metrics::default();
+        let mut room = SpillRoom::new(1000, &metrics);
+        assert!(room.allows_waiting(&metrics));
+        metrics.capture_spill_bytes.set(499);
+        assert!(room.allows_waiting(&metrics));
+        metrics.capture_spill_bytes.set(500);
+        assert!(!room.allows_waiting(&metrics), "half full");
+        metrics.capture_spill_bytes.set(10);
+        metrics.capture_spill_errors.inc();
+        assert!(
+            !room.allows_waiting(&metrics),
+            "a spill write failed since the last look"
+        );
+        assert!(room.allows_waiting(&metrics), "no new failure since");
     }
 
     #[test]

@@ -242,6 +242,7 @@ pub fn lossless(smoke: bool) {
         let mut best_unspilled = None;
         let mut seen_dropped = 0;
         let mut seen_spilled = 0;
+        let mut seen_deferred = 0;
         for &rate in &rates {
             let n = (rate as f64 * secs) as usize;
             let cpu_before = ThreadCpu::of(&stack.pid().to_string());
@@ -290,13 +291,17 @@ pub fn lossless(smoke: bool) {
             let spilled_total = stack.metric("llmtap_capture_spilled_total ");
             let spilled = spilled_total - seen_spilled;
             seen_spilled = spilled_total;
+            let deferred_total = stack.metric("llmtap_pipeline_deferred_milliseconds_total ");
+            let deferred_ms = deferred_total - seen_deferred;
+            seen_deferred = deferred_total;
             println!(
                 "  {:>7} req/s target: {:>7} req/s achieved, {ok} of {n} answered, {dropped} dropped",
                 fmt_rate(rate as f64),
                 fmt_rate(achieved)
             );
             println!(
-                "           spill: {spilled} exchanges spilled, peak backlog {:.1} MB, drained {drained:.1} s after the load",
+                "           spill: {spilled} exchanges spilled, peak backlog {:.1} MB, drained {drained:.1} s after the load; \
+                 the pipeline waited for the data path {deferred_ms} ms",
                 peak_spill as f64 / 1e6
             );
             // Until the drain: the export of the step's last batches may still be running.

@@ -192,6 +192,7 @@ impl InProcess {
             derive: DeriveConfig::default(),
             body_cap: usize::MAX,
             prices: llmtap::cost::CostTable::embedded().ok()?,
+            spill_limit: None,
         };
         let pipeline =
             llmtap::pipeline::spawn(rx, store_tx, settings, metrics.clone(), None, Default::default()).ok()?;

@@ -117,6 +117,25 @@ pub fn metric_in(text: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits (at most 300 s) until an llmtap has caught up with what it captured: nothing waits in memory or on
+/// disk for the pipeline, and the pipeline processed nothing more during one `poll`. `metric` reads one of its
+/// metrics. Returns how long the wait took.
+pub fn wait_caught_up(metric: impl Fn(&str) -> u64, poll: Duration) -> Duration {
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(300);
+    let mut processed = u64::MAX;
+    while Instant::now() < deadline {
+        let now = metric("llmtap_processed_total ");
+        if now == processed && metric("llmtap_capture_queue_bytes ") == 0 && metric("llmtap_capture_spill_bytes ") == 0
+        {
+            break;
+        }
+        processed = now;
+        std::thread::sleep(poll);
+    }
+    start.elapsed()
+}
+
 fn metrics_text(addr: SocketAddr) -> String {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(addr) else {
@@ -473,9 +492,16 @@ pub fn run(scale: &Scale, latency_only: bool) {
         scale.saturation_conns, scale.rounds, scale.saturation_secs
     );
     let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    // After each of its rounds, the capture-on llmtap catches up (its pipeline waits while the proxy saturates
+    // the machine; what waited is processed now) before the next target runs, so that no target's round
+    // carries another's background work.
+    let mut catch_up = Vec::new();
     for _ in 0..scale.rounds {
-        for (i, (_, url)) in targets.iter().enumerate() {
+        for (i, (name, url)) in targets.iter().enumerate() {
             rounds[i].push(rt.block_on(saturation(url, scale.saturation_conns, scale.saturation_secs)));
+            if name.contains("capture+store") {
+                catch_up.push(wait_caught_up(metric, Duration::from_millis(100)).as_secs_f64());
+            }
         }
     }
     let median = |v: &mut Vec<f64>| -> f64 {
@@ -506,8 +532,10 @@ pub fn run(scale: &Scale, latency_only: bool) {
         let spread = rounds[i].iter().map(|r| fmt_rate(*r)).collect::<Vec<_>>().join(" ");
         println!("  {name:<26} {:>8} req/s{vs}  [rounds: {spread}]", fmt_rate(rates[i]));
     }
+    let catch_up = catch_up.iter().map(|s| format!("{s:.1}")).collect::<Vec<_>>().join(" ");
     println!(
-        "  (capture+store+OTLP on during this phase: {}; on 2 cores the data path keeps priority and capture sheds load)",
+        "  (capture+store+OTLP on during this phase: {}; it caught up {catch_up} s after its rounds, before the next \
+         target ran)",
         capture_since()
     );
 
@@ -843,20 +871,7 @@ fn flood(stack: &CaptureStack, n: usize, idle_kib: u64) {
         .rt
         .block_on(open_loop(&stack.url, &[chat_request_body()], n, 2_000));
     let sent = t0.elapsed();
-    // Caught up: nothing waits in memory or on disk for the pipeline, and it processed nothing more for 500 ms.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut processed = u64::MAX;
-    while Instant::now() < deadline {
-        let now = stack.metric("llmtap_processed_total ");
-        if now == processed
-            && stack.metric("llmtap_capture_queue_bytes ") == 0
-            && stack.metric("llmtap_capture_spill_bytes ") == 0
-        {
-            break;
-        }
-        processed = now;
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_caught_up(|name| stack.metric(name), Duration::from_millis(500));
     let caught_up = t0.elapsed();
     // The pipeline closes trajectories over the open limit once a second and gives back freed pages after a
     // second without work.

@@ -1,0 +1,201 @@
+//! When capture's background work waits for the data path.
+//!
+//! The pipeline and store threads run at `SCHED_IDLE`, but that does not keep them off a saturated machine:
+//! measured on a 2-core VM (Linux 6.18), two spinning `SCHED_IDLE` threads still got 10–15% of the CPU while a
+//! closed-loop load saturated the proxy, and cut its throughput by 10–28%; capture's own background threads took
+//! ~20% of the machine the same way (docs/performance.md, "Capture's background work waits for the data path").
+//! So the pipeline also steps aside by itself: while the machine is full and the data path is a large part of
+//! it, the pipeline takes nothing, exchanges wait in the capture spill, and the work is done once the
+//! machine has room.
+//!
+//! [`Deferral`] decides once per sampling window, from the CPU shares of the window ([`super::cpu`]):
+//! - **working → waiting** when the machine was full (≥ [`MACHINE_FULL`], background work included) and the
+//!   data path used at least [`DATA_PATH_BUSY`] of it. A full machine alone is not enough: with a backlog the
+//!   background threads fill every idle cycle themselves, and another program keeping the machine busy is no
+//!   reason to stop showing the agent's calls.
+//! - **waiting → waiting** for the first [`PROBE_WINDOWS`], then while the machine, the background threads'
+//!   own share taken out, is still mostly busy ([`OTHERS_FULL`]) and the data path still busy: what the data
+//!   path and the rest of the machine want leaves no room.
+//! - **waiting → working** otherwise. A wait that ends after its probe windows was a probe that found room
+//!   (the machine was full only because of the background work): the next probe comes after a back-off that
+//!   doubles up to [`MAX_BACKOFF`], so a backlog drained beside steady traffic pauses for two windows at most
+//!   every few seconds.
+//! - The caller says whether waiting is allowed at all ([`Deferral::decide`]'s `room`): the spill must have
+//!   room for what arrives meanwhile, so the work that waits is never work that gets dropped.
+
+use std::time::{Duration, Instant};
+
+use super::cpu::Shares;
+
+/// The whole machine busy at or above this fraction counts as full.
+pub const MACHINE_FULL: f64 = 0.9;
+/// While waiting: what runs besides llmtap's background threads still uses at least this fraction of the
+/// machine. Well below [`MACHINE_FULL`]: the exporter and the checkpointer still run while the pipeline waits
+/// (at `SCHED_IDLE` they too take CPU from the rest), and `/proc/stat` counts 10 ms ticks, a few per window
+/// and core. Measured at saturation on 2 cores: 0.77–1.0 per window; beside 20k/s of paced traffic: ~0.45.
+pub const OTHERS_FULL: f64 = 0.75;
+/// A wait lasts at least this many windows: in the first one, the store writer still commits what the pipeline
+/// handed it before the wait, so the machine without the background threads is only seen from the second.
+pub const PROBE_WINDOWS: u32 = 2;
+/// The data path (the proxy's workers and the capture spill) using at least this fraction of the machine
+/// counts as busy. Measured on 2 cores with the load generator and the upstream beside it: 0.45–0.53 at
+/// saturation, ~0.2 at 10k exchanges/s (where the background threads, working at their own limit, fill the
+/// machine and a wait would only make them fall behind).
+pub const DATA_PATH_BUSY: f64 = 0.3;
+/// How long the first probe after a wait that found room is held back.
+pub const MIN_BACKOFF: Duration = Duration::from_secs(1);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(16);
+
+#[derive(Debug)]
+pub struct Deferral {
+    /// Windows waited since the wait began; 0 while working.
+    waited: u32,
+    backoff: Duration,
+    no_probe_before: Option<Instant>,
+}
+
+impl Default for Deferral {
+    fn default() -> Self {
+        Deferral {
+            waited: 0,
+            backoff: MIN_BACKOFF,
+            no_probe_before: None,
+        }
+    }
+}
+
+impl Deferral {
+    pub fn waiting(&self) -> bool {
+        self.waited > 0
+    }
+
+    /// Whether to wait through the next window, given the last window's shares. `room`: waiting cannot
+    /// lose anything (the spill can take what arrives meanwhile).
+    pub fn decide(&mut self, shares: Shares, room: bool, now: Instant) -> bool {
+        let data_path_busy = shares.data_path >= DATA_PATH_BUSY;
+        if !room || !data_path_busy {
+            self.stop_waiting(now);
+            return false;
+        }
+        if self.waiting() {
+            if self.waited < PROBE_WINDOWS || shares.machine - shares.background >= OTHERS_FULL {
+                self.waited += 1;
+                return true;
+            }
+            self.stop_waiting(now);
+            return false;
+        }
+        let may_probe = self.no_probe_before.is_none_or(|t| now >= t);
+        if shares.machine >= MACHINE_FULL && may_probe {
+            self.waited = 1;
+            return true;
+        }
+        false
+    }
+
+    fn stop_waiting(&mut self, now: Instant) {
+        match self.waited {
+            0 => return,
+            w if w <= PROBE_WINDOWS => self.backoff = (self.backoff * 2).min(MAX_BACKOFF),
+            _ => self.backoff = MIN_BACKOFF,
+        }
+        self.waited = 0;
+        self.no_probe_before = Some(now + self.backoff);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SATURATED_WORKING: Shares = Shares {
+        machine: 0.96,
+        background: 0.21,
+        data_path: 0.45,
+    };
+    const SATURATED_WAITING: Shares = Shares {
+        machine: 0.97,
+        background: 0.01,
+        data_path: 0.48,
+    };
+    /// A backlog drained beside steady traffic: the background fills the machine, the rest leaves room.
+    const DRAINING_BESIDE_TRAFFIC: Shares = Shares {
+        machine: 1.0,
+        background: 0.45,
+        data_path: 0.35,
+    };
+    const ROOM_WHILE_WAITING: Shares = Shares {
+        machine: 0.7,
+        background: 0.01,
+        data_path: 0.35,
+    };
+    const WINDOW: Duration = Duration::from_millis(200);
+
+    #[test]
+    fn a_saturated_data_path_makes_the_background_wait_until_the_load_ends() {
+        let mut d = Deferral::default();
+        let mut now = Instant::now();
+        assert!(d.decide(SATURATED_WORKING, true, now));
+        for _ in 0..20 {
+            now += WINDOW;
+            assert!(d.decide(SATURATED_WAITING, true, now));
+        }
+        now += WINDOW;
+        let idle = Shares {
+            machine: 0.3,
+            background: 0.0,
+            data_path: 0.05,
+        };
+        assert!(!d.decide(idle, true, now));
+        // A long wait that ended resets the back-off: the next saturation is met at once.
+        now += MIN_BACKOFF;
+        assert!(d.decide(SATURATED_WORKING, true, now));
+    }
+
+    #[test]
+    fn no_wait_without_room_in_the_spill() {
+        let mut d = Deferral::default();
+        let now = Instant::now();
+        assert!(!d.decide(SATURATED_WORKING, false, now));
+        assert!(d.decide(SATURATED_WORKING, true, now));
+        assert!(
+            !d.decide(SATURATED_WAITING, false, now + WINDOW),
+            "a wait ends as soon as the spill is half full, probe or not"
+        );
+    }
+
+    #[test]
+    fn a_full_machine_without_a_busy_data_path_is_no_reason_to_wait() {
+        let mut d = Deferral::default();
+        let other_program = Shares {
+            machine: 1.0,
+            background: 0.02,
+            data_path: 0.03,
+        };
+        assert!(!d.decide(other_program, true, Instant::now()));
+    }
+
+    #[test]
+    fn probes_that_find_room_back_off_and_keep_the_drain_going() {
+        let mut d = Deferral::default();
+        let start = Instant::now();
+        let mut now = start;
+        let mut waited = 0;
+        let windows = 60 * 5; // one minute
+        for _ in 0..windows {
+            let shares = if d.waiting() {
+                ROOM_WHILE_WAITING
+            } else {
+                DRAINING_BESIDE_TRAFFIC
+            };
+            if d.decide(shares, true, now) {
+                waited += 1;
+            }
+            now += WINDOW;
+        }
+        // Probes at ~0, 2, 6, 15, 31 and 47 s (a back-off of 2, 4, 8, 16, 16 s after each probe), two
+        // windows each.
+        assert!((10..=16).contains(&waited), "waited {waited} of {windows} windows");
+        assert_eq!(d.backoff, MAX_BACKOFF);
+    }
+}
