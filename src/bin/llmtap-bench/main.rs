@@ -1,6 +1,7 @@
 //! llmtap's benchmark: prints figures, asserts nothing. `scripts/bench.sh` builds it in release and runs it.
 //!
-//! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` (its first phase),
+//! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` and `throughput`
+//! (its first two phases, alone),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
 //! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session, and
 //! its sessions list on a store of 100,000 one-call sessions), `bytes` (store bytes per call of a 100-call
@@ -53,7 +54,7 @@ fn main() {
     let codec_rounds = if smoke { 1 } else { 20 };
     match mode {
         "all" => {
-            proxy::run(scale, false);
+            proxy::run(scale, proxy::Phases::All);
             proxy::export(if smoke { 500 } else { 20_000 });
             derive::run(calls);
             codec::run(codec_rounds);
@@ -62,8 +63,9 @@ fn main() {
             capture::lossless(smoke);
             capture::store_rate(if smoke { 2_000 } else { 50_000 }, 1);
         }
-        "proxy" => proxy::run(scale, false),
-        "latency" => proxy::run(scale, true),
+        "proxy" => proxy::run(scale, proxy::Phases::All),
+        "latency" => proxy::run(scale, proxy::Phases::Latency),
+        "throughput" => proxy::run(scale, proxy::Phases::Throughput),
         "memory" => proxy::memory(scale),
         "upstream" => report(servers::upstream()),
         "passthrough" => {
@@ -114,7 +116,7 @@ fn main() {
         }
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
         other => eprintln!(
-            "unknown mode {other:?}; modes: all, proxy, latency, memory, export, derive, codec, viewer, bytes, lossless, \
+            "unknown mode {other:?}; modes: all, proxy, latency, throughput, memory, export, derive, codec, viewer, bytes, lossless, \
              store-rate [N] [ROUNDS], saturate URL [SECS] [CONNS], pace URL [RATE] [SECS]"
         ),
     }

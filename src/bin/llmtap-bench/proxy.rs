@@ -415,8 +415,17 @@ fn start_upstream() -> Proc {
     })
 }
 
-/// Every proxy phase; `latency_only` stops after the added-latency phase (`llmtap-bench latency`).
-pub fn run(scale: &Scale, latency_only: bool) {
+/// Which of the proxy benchmark's phases run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Phases {
+    All,
+    /// The added-latency phase (`llmtap-bench latency`).
+    Latency,
+    /// The throughput phase (`llmtap-bench throughput`).
+    Throughput,
+}
+
+pub fn run(scale: &Scale, phases: Phases) {
     let Ok(rt) = super::servers::runtime() else {
         return;
     };
@@ -479,9 +488,11 @@ pub fn run(scale: &Scale, latency_only: bool) {
     println!("proxy: non-streamed ~2 KB chat completion; upstream, passthrough and llmtap are separate processes;");
     println!("  load generator: Rust hyper client in the bench process (HTTP/1.1 keep-alive). All on loopback.");
 
-    latency_phase(&rt, &targets, scale);
-    println!("  (capture+store+OTLP on during this phase: {})", capture_since());
-    if latency_only {
+    if phases != Phases::Throughput {
+        latency_phase(&rt, &targets, scale);
+        println!("  (capture+store+OTLP on during this phase: {})", capture_since());
+    }
+    if phases == Phases::Latency {
         drop((tap_on, tap_off));
         let _ = std::fs::remove_dir_all(&dir);
         return;
@@ -538,6 +549,11 @@ pub fn run(scale: &Scale, latency_only: bool) {
          target ran)",
         capture_since()
     );
+    if phases == Phases::Throughput {
+        drop((tap_on, tap_off));
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
 
     // Stream i starts at i * (stream duration / n): n streams in flight at once, arriving the way an agent
     // fleet's calls do, over kept-alive connections (SDKs pool them). "burst" starts all n at the same instant
