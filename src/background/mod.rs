@@ -18,7 +18,7 @@ pub fn run_in_background() {
     cpu::clocks::register_current_thread();
     // Linux: SCHED_IDLE, so a data-path thread that wakes up preempts capture work at once instead of waiting
     // for the scheduler's next decision (nice 19 only shrinks the share). The work still gets every idle
-    // cycle; under sustained saturation the bounded capture queue drops and counts instead of slowing traffic.
+    // cycle, and more than that on a saturated machine, hence the pipeline's own wait (`YieldToDataPath`).
     #[cfg(target_os = "linux")]
     {
         use thread_priority::unix::{
