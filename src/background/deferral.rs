@@ -108,27 +108,20 @@ impl Deferral {
 mod tests {
     use super::*;
 
-    const SATURATED_WORKING: Shares = Shares {
-        machine: 0.96,
-        background: 0.21,
-        data_path: 0.45,
-    };
-    const SATURATED_WAITING: Shares = Shares {
-        machine: 0.97,
-        background: 0.01,
-        data_path: 0.48,
-    };
+    /// (whole machine, background threads, data path)
+    const fn shares(machine: f64, background: f64, data_path: f64) -> Shares {
+        Shares {
+            machine,
+            background,
+            data_path,
+        }
+    }
+
+    const SATURATED_WORKING: Shares = shares(0.96, 0.21, 0.45);
+    const SATURATED_WAITING: Shares = shares(0.97, 0.01, 0.48);
     /// A backlog drained beside steady traffic: the background fills the machine, the rest leaves room.
-    const DRAINING_BESIDE_TRAFFIC: Shares = Shares {
-        machine: 1.0,
-        background: 0.45,
-        data_path: 0.35,
-    };
-    const ROOM_WHILE_WAITING: Shares = Shares {
-        machine: 0.7,
-        background: 0.01,
-        data_path: 0.35,
-    };
+    const DRAINING_BESIDE_TRAFFIC: Shares = shares(1.0, 0.45, 0.35);
+    const ROOM_WHILE_WAITING: Shares = shares(0.7, 0.01, 0.35);
     const WINDOW: Duration = Duration::from_millis(200);
 
     #[test]
@@ -141,11 +134,7 @@ mod tests {
             assert!(d.decide(SATURATED_WAITING, true, now));
         }
         now += WINDOW;
-        let idle = Shares {
-            machine: 0.3,
-            background: 0.0,
-            data_path: 0.05,
-        };
+        let idle = shares(0.3, 0.0, 0.05);
         assert!(!d.decide(idle, true, now));
         // A long wait that ended resets the back-off: the next saturation is met at once.
         now += MIN_BACKOFF;
@@ -167,11 +156,7 @@ mod tests {
     #[test]
     fn a_full_machine_without_a_busy_data_path_is_no_reason_to_wait() {
         let mut d = Deferral::default();
-        let other_program = Shares {
-            machine: 1.0,
-            background: 0.02,
-            data_path: 0.03,
-        };
+        let other_program = shares(1.0, 0.02, 0.03);
         assert!(!d.decide(other_program, true, Instant::now()));
     }
 
