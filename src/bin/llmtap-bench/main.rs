@@ -1,7 +1,8 @@
 //! llmtap's benchmark: prints figures, asserts nothing. `scripts/bench.sh` builds it in release and runs it.
 //!
 //! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` and `throughput`
-//! (its first two phases, alone),
+//! (its first two phases, alone; `LLMTAP_BENCH_BASELINE=<path to another build's llmtap>` adds that build, capture
+//! on, as one more target of every round),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
 //! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session, and
 //! its sessions list on a store of 100,000 one-call sessions), `bytes` (store bytes per call of a 100-call

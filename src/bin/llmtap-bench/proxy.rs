@@ -175,6 +175,18 @@ fn start_llmtap(
     data_dir: &std::path::Path,
     extra: &str,
 ) -> Proc {
+    start_llmtap_from(&exe_dir().join("llmtap"), upstream, capture, otlp, data_dir, extra)
+}
+
+/// [`start_llmtap`] with the `llmtap` binary at `bin` (another build, for `LLMTAP_BENCH_BASELINE`).
+fn start_llmtap_from(
+    bin: &std::path::Path,
+    upstream: SocketAddr,
+    capture: bool,
+    otlp: Option<SocketAddr>,
+    data_dir: &std::path::Path,
+    extra: &str,
+) -> Proc {
     let config = data_dir.join("bench.toml");
     let _ = std::fs::create_dir_all(data_dir);
     let export = otlp
@@ -186,7 +198,7 @@ fn start_llmtap(
             "[capture]\nenabled = {capture}\n[api]\nlisten = \"off\"\n[viewer]\nlisten = \"off\"\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n{export}{extra}"
         ),
     );
-    let mut cmd = Command::new(exe_dir().join("llmtap"));
+    let mut cmd = Command::new(bin);
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(&config)
         .arg("--data-dir")
@@ -446,6 +458,11 @@ pub fn run(scale: &Scale, phases: Phases) {
     };
     let tap_off = start_llmtap(upstream.addr, false, None, &dir.join("off"), "");
     let tap_on = start_llmtap(upstream.addr, true, Some(otlp_addr), &dir.join("on"), "");
+    // Another build, capture on, as one more target: the same rounds compare it with this one side by side.
+    let baseline = std::env::var_os("LLMTAP_BENCH_BASELINE").map(|bin| {
+        let bin = PathBuf::from(bin);
+        start_llmtap_from(&bin, upstream.addr, true, Some(otlp_addr), &dir.join("baseline"), "")
+    });
     std::thread::sleep(Duration::from_millis(300));
     let idle_rss = rss_kib(tap_on.child.id());
     let tap_on_addr = tap_on.addr;
@@ -478,6 +495,12 @@ pub fn run(scale: &Scale, phases: Phases) {
             format!("http://{}/bench/v1/chat/completions", tap_on.addr),
         ),
     ];
+    if let Some(b) = &baseline {
+        targets.push((
+            "llmtap baseline (LLMTAP_BENCH_BASELINE), capture+store+OTLP on",
+            format!("http://{}/bench/v1/chat/completions", b.addr),
+        ));
+    }
     match &nginx {
         Some(n) => targets.insert(
             2,
@@ -507,11 +530,14 @@ pub fn run(scale: &Scale, phases: Phases) {
     // the machine; what waited is processed now) before the next target runs, so that no target's round
     // carries another's background work.
     let mut catch_up = Vec::new();
+    let baseline_addr = baseline.as_ref().map(|b| b.addr);
     for _ in 0..scale.rounds {
         for (i, (name, url)) in targets.iter().enumerate() {
             rounds[i].push(rt.block_on(saturation(url, scale.saturation_conns, scale.saturation_secs)));
-            if name.contains("capture+store") {
+            if name.starts_with("llmtap, capture+store") {
                 catch_up.push(wait_caught_up(metric, Duration::from_millis(100)).as_secs_f64());
+            } else if let (true, Some(addr)) = (name.starts_with("llmtap baseline"), baseline_addr) {
+                wait_caught_up(|n| metric_in(&metrics_text(addr), n), Duration::from_millis(100));
             }
         }
     }
