@@ -1,17 +1,22 @@
-//! When the data path hands an exchange to the pipeline: after the response is on the wire, not before.
+//! When the data path hands an exchange to the pipeline: at once while the receiver is awake, after the response
+//! is on the wire when sending would have to wake it.
 //!
 //! hyper drops a response body as soon as it has encoded the last frame, before it writes those bytes to the
-//! socket; the tap finishes in that drop. Sending from there put the pipeline thread's futex wake, and that
-//! thread starting on the other core, in front of the client's last bytes (`strace -f` of a worker:
+//! socket; the tap finishes in that drop. A send that wakes a parked receiver from there puts a futex wake, and
+//! that thread starting on the other core, in front of the client's last bytes (`strace -f` of a worker:
 //! `recvfrom` upstream, `futex(FUTEX_WAKE)`, then `writev` to the client). A task spawned instead landed in the
 //! worker's LIFO slot but, when that slot was taken, woke the other worker first — another futex in the same place.
 //!
-//! So finished exchanges wait in a short per-thread list that the runtime's `on_thread_park` hook
-//! ([`send_pending`]) empties when the worker has nothing left to run — every write of that round done. Under
-//! saturation a worker may not park for a while: the list is sent as soon as it holds [`MAX_PENDING`]
-//! exchanges, which also batches the wakes. A thread that has never parked (not a hooked runtime worker: tests,
-//! blocking threads, other runtimes) sends at once. Pending exchanges are sent when the list is dropped too, so
-//! a worker that exits (runtime shutdown) loses nothing.
+//! So while the receiver is parked (traffic had stopped, see [`super::queue`]), finished exchanges wait in a short
+//! per-thread list that the runtime's `on_thread_park` hook ([`send_pending`]) empties when the worker has nothing
+//! left to run — every write of that round done. While the receiver is awake (it polls under steady traffic) a
+//! send wakes nobody, so the exchange goes at once, behind whatever the list still held. Holding exchanges
+//! there under load costs more than it saves: at saturation, workers that held up to [`MAX_PENDING`] exchanges
+//! each until they parked used ~5 µs more CPU per request and switched context half again as often as workers
+//! that sent at once (see docs/performance.md). The list is sent as soon as it holds [`MAX_PENDING`] exchanges.
+//! A thread that has never parked (not a hooked runtime worker: tests, blocking threads, other runtimes) sends at
+//! once. Pending exchanges are sent when the list is dropped too, so a worker that exits (runtime shutdown) loses
+//! nothing.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -41,6 +46,7 @@ impl Drop for PendingSend {
 }
 
 pub(super) fn defer(tx: Arc<CaptureTx>, exchange: RawExchange) {
+    let send_now = tx.receiver_awake();
     let item = PendingSend {
         tx,
         exchange: Some(exchange),
@@ -51,7 +57,7 @@ pub(super) fn defer(tx: Arc<CaptureTx>, exchange: RawExchange) {
             && let Some(list) = pending.as_mut()
         {
             list.push(item);
-            if list.len() >= MAX_PENDING {
+            if send_now || list.len() >= MAX_PENDING {
                 list.clear();
             }
         }
@@ -109,6 +115,7 @@ mod tests {
 
     fn worker_holds_until_park() {
         let (tx, mut rx) = channel();
+        tx.set_receiver_parked(true);
         send_pending(); // this thread is now a worker whose park hook runs
         tx.clone().send_when_idle(RawExchange::for_test(1));
         tx.clone().send_when_idle(RawExchange::for_test(2));
@@ -120,12 +127,35 @@ mod tests {
     }
 
     #[test]
+    fn while_the_receiver_is_awake_a_worker_sends_at_once_behind_what_it_held() {
+        on_fresh_thread(awake_receiver_gets_sends_at_once);
+    }
+
+    fn awake_receiver_gets_sends_at_once() {
+        let (tx, mut rx) = channel();
+        send_pending();
+        tx.set_receiver_parked(true);
+        tx.clone().send_when_idle(RawExchange::for_test(1));
+        assert!(received(&mut rx).is_empty(), "held while the receiver is parked");
+        tx.set_receiver_parked(false);
+        tx.clone().send_when_idle(RawExchange::for_test(2));
+        assert_eq!(
+            received(&mut rx),
+            [1, 2],
+            "sent without a park, in the order they finished"
+        );
+        tx.send_when_idle(RawExchange::for_test(3));
+        assert_eq!(received(&mut rx), [3]);
+    }
+
+    #[test]
     fn a_busy_worker_sends_a_full_list_without_parking() {
         on_fresh_thread(busy_worker_sends_full_list);
     }
 
     fn busy_worker_sends_full_list() {
         let (tx, mut rx) = channel();
+        tx.set_receiver_parked(true);
         send_pending();
         for i in 0..MAX_PENDING - 1 {
             tx.clone().send_when_idle(RawExchange::for_test(i as u128));
@@ -139,6 +169,7 @@ mod tests {
     fn a_worker_that_exits_sends_what_it_held() {
         let (tx, mut rx) = channel();
         on_fresh_thread(move || {
+            tx.set_receiver_parked(true);
             send_pending();
             tx.send_when_idle(RawExchange::for_test(7));
         });

@@ -151,6 +151,18 @@ impl CaptureTx {
         super::handoff::defer(self, exchange);
     }
 
+    /// The receiver is not parked: a send now wakes nobody. (It may park right after this is read; the send's
+    /// doorbell still wakes it then.)
+    pub(super) fn receiver_awake(&self) -> bool {
+        !self.doorbell.sleeping.load(Ordering::Relaxed)
+    }
+
+    /// For tests: as if the receiver had just parked (`true`) or woken (`false`).
+    #[cfg(test)]
+    pub(super) fn set_receiver_parked(&self, parked: bool) {
+        self.doorbell.sleeping.store(parked, Ordering::SeqCst);
+    }
+
     /// The metrics the queue counts into, for the data path's own counts.
     pub fn metrics(&self) -> &Metrics {
         self.budget.metrics()
