@@ -10,10 +10,8 @@
 //! So while the receiver is parked (traffic had stopped, see [`super::queue`]), finished exchanges wait in a short
 //! per-thread list that the runtime's `on_thread_park` hook ([`send_pending`]) empties when the worker has nothing
 //! left to run — every write of that round done. While the receiver is awake (it polls under steady traffic) a
-//! send wakes nobody, so the exchange goes at once, behind whatever the list still held. Holding exchanges
-//! there under load costs more than it saves: at saturation, workers that held up to [`MAX_PENDING`] exchanges
-//! each until they parked used ~5 µs more CPU per request and switched context half again as often as workers
-//! that sent at once (see docs/performance.md). The list is sent as soon as it holds [`MAX_PENDING`] exchanges.
+//! send wakes nobody, so the exchange goes at once, behind whatever the list still held: holding it would only
+//! keep its memory longer, with nothing to gain. The list is sent as soon as it holds [`MAX_PENDING`] exchanges.
 //! A thread that has never parked (not a hooked runtime worker: tests, blocking threads, other runtimes) sends at
 //! once. Pending exchanges are sent when the list is dropped too, so a worker that exits (runtime shutdown) loses
 //! nothing.

@@ -51,6 +51,15 @@ fn main() {
     {
         scale.latency_rate = rate;
     }
+    // LLMTAP_BENCH_ROUNDS sets the throughput and stream phases' round count: more rounds, a steadier median
+    // on a noisy machine.
+    if let Some(rounds) = std::env::var("LLMTAP_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|r| *r > 0)
+    {
+        scale.rounds = rounds;
+    }
     let scale = &scale;
     let codec_rounds = if smoke { 1 } else { 20 };
     match mode {

@@ -155,6 +155,38 @@ fn exe_dir() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// CPU time (user + system) the process `pid` has used, in clock ticks (10 ms); 0 if it cannot be read.
+fn cpu_ticks(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name, which is in parentheses and may hold spaces: utime and stime are the
+            // 14th and 15th fields of the line, the 12th and 13th after the name.
+            let rest = s.rsplit_once(')')?.1;
+            let mut fields = rest.split_whitespace().skip(11);
+            let user: u64 = fields.next()?.parse().ok()?;
+            let system: u64 = fields.next()?.parse().ok()?;
+            Some(user + system)
+        })
+        .unwrap_or(0)
+}
+
+/// Wait until the process `pid` is idle: at most one clock tick (10 ms) of CPU in a 200 ms window, twice in a
+/// row (at most 60 s). After [`wait_caught_up`] an llmtap still commits, exports and checkpoints what it
+/// processed; this keeps that work out of the next target's round.
+pub fn wait_idle(pid: u32) -> Duration {
+    let start = Instant::now();
+    let mut quiet = 0;
+    let mut last = cpu_ticks(pid);
+    while quiet < 2 && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = cpu_ticks(pid);
+        quiet = if now.saturating_sub(last) <= 1 { quiet + 1 } else { 0 };
+        last = now;
+    }
+    start.elapsed()
+}
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -466,6 +498,7 @@ pub fn run(scale: &Scale, phases: Phases) {
     std::thread::sleep(Duration::from_millis(300));
     let idle_rss = rss_kib(tap_on.child.id());
     let tap_on_addr = tap_on.addr;
+    let tap_on_pid = tap_on.child.id();
     let metric = move |name: &str| -> u64 { metric_in(&metrics_text(tap_on_addr), name) };
     // Captured and dropped by the capture+store+OTLP llmtap since the last call.
     let mut seen = (0u64, 0u64);
@@ -531,13 +564,21 @@ pub fn run(scale: &Scale, phases: Phases) {
     // carries another's background work.
     let mut catch_up = Vec::new();
     let baseline_addr = baseline.as_ref().map(|b| b.addr);
-    for _ in 0..scale.rounds {
-        for (i, (name, url)) in targets.iter().enumerate() {
+    // Each round starts at a different target (as in the latency phase), so that no target always runs in the
+    // same place, right after the same neighbour.
+    for round in 0..scale.rounds {
+        for k in 0..targets.len() {
+            let i = (round + k) % targets.len();
+            let (name, url) = &targets[i];
             rounds[i].push(rt.block_on(saturation(url, scale.saturation_conns, scale.saturation_secs)));
             if name.starts_with("llmtap, capture+store") {
-                catch_up.push(wait_caught_up(metric, Duration::from_millis(100)).as_secs_f64());
+                let caught_up = wait_caught_up(metric, Duration::from_millis(100)) + wait_idle(tap_on_pid);
+                catch_up.push(caught_up.as_secs_f64());
             } else if let (true, Some(addr)) = (name.starts_with("llmtap baseline"), baseline_addr) {
                 wait_caught_up(|n| metric_in(&metrics_text(addr), n), Duration::from_millis(100));
+                if let Some(b) = &baseline {
+                    wait_idle(b.child.id());
+                }
             }
         }
     }
@@ -571,8 +612,8 @@ pub fn run(scale: &Scale, phases: Phases) {
     }
     let catch_up = catch_up.iter().map(|s| format!("{s:.1}")).collect::<Vec<_>>().join(" ");
     println!(
-        "  (capture+store+OTLP on during this phase: {}; it caught up {catch_up} s after its rounds, before the next \
-         target ran)",
+        "  (capture+store+OTLP on during this phase: {}; it caught up and went idle {catch_up} s after its rounds, \
+         before the next target ran)",
         capture_since()
     );
     if phases == Phases::Throughput {
