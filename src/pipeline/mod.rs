@@ -69,7 +69,9 @@ pub fn spawn(
             let mut spill_room = spill_limit.map(|limit| SpillRoom::new(limit, &metrics));
             let mut yielding = YieldToDataPath::default();
             loop {
+                // Stopping: no more waiting, the queue is drained and the thread ends.
                 if let Some(room) = spill_room.as_mut()
+                    && !stop.is_cancelled()
                     && yielding.should_wait(|| room.allows_waiting(&metrics))
                 {
                     metrics

@@ -386,6 +386,11 @@ impl ThreadCpu {
         self.0.get(role).copied().unwrap_or(0)
     }
 
+    /// Every thread's CPU together, in µs.
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
     /// "role µs, ..." per `per` exchanges, for every role that used CPU since `before`.
     pub fn per_exchange_since(&self, before: &ThreadCpu, per: usize) -> String {
         self.0

@@ -16,6 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::capture::ThreadCpu;
 use super::servers::chat_request_body;
 use super::stats::{Summary, fmt_delta_us, fmt_rate};
 
@@ -155,33 +156,22 @@ fn exe_dir() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// CPU time (user + system) the process `pid` has used, in clock ticks (10 ms); 0 if it cannot be read.
-fn cpu_ticks(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            // Fields after the command name, which is in parentheses and may hold spaces: utime and stime are the
-            // 14th and 15th fields of the line, the 12th and 13th after the name.
-            let rest = s.rsplit_once(')')?.1;
-            let mut fields = rest.split_whitespace().skip(11);
-            let user: u64 = fields.next()?.parse().ok()?;
-            let system: u64 = fields.next()?.parse().ok()?;
-            Some(user + system)
-        })
-        .unwrap_or(0)
-}
-
-/// Wait until the process `pid` is idle: at most one clock tick (10 ms) of CPU in a 200 ms window, twice in a
-/// row (at most 60 s). After [`wait_caught_up`] an llmtap still commits, exports and checkpoints what it
+/// Wait until the process `pid` is idle: at most 10 ms of CPU in a 200 ms window, twice in a row (at most
+/// 60 s). After [`wait_caught_up`] an llmtap still commits, exports and checkpoints what it
 /// processed; this keeps that work out of the next target's round.
 pub fn wait_idle(pid: u32) -> Duration {
     let start = Instant::now();
     let mut quiet = 0;
-    let mut last = cpu_ticks(pid);
+    let cpu_us = || ThreadCpu::of(&pid.to_string()).total();
+    let mut last = cpu_us();
     while quiet < 2 && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(200));
-        let now = cpu_ticks(pid);
-        quiet = if now.saturating_sub(last) <= 1 { quiet + 1 } else { 0 };
+        let now = cpu_us();
+        quiet = if now.saturating_sub(last) <= 10_000 {
+            quiet + 1
+        } else {
+            0
+        };
         last = now;
     }
     start.elapsed()
