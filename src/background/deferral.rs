@@ -93,6 +93,19 @@ impl Deferral {
         false
     }
 
+    /// Whether to wait, given the shares of the window the thread has just waited through before work that
+    /// arrived after a quiet spell (see `YieldToDataPath`). The background threads were idle in it, so the rule
+    /// is the one for a wait under way: the rest of the machine mostly busy and the data path busy. A look that
+    /// finds room leaves the probe back-off as it was: it probed nothing.
+    pub fn decide_after_look(&mut self, shares: Shares, room: bool) -> bool {
+        let full = shares.data_path >= DATA_PATH_BUSY && shares.machine - shares.background >= OTHERS_FULL;
+        if room && full {
+            // Past the probe windows: when the load ends, the wait counts as one that found the data path busy.
+            self.waited = PROBE_WINDOWS + 1;
+        }
+        room && full
+    }
+
     fn stop_waiting(&mut self, now: Instant) {
         match self.waited {
             0 => return,
@@ -139,6 +152,33 @@ mod tests {
         // A long wait that ended resets the back-off: the next saturation is met at once.
         now += MIN_BACKOFF;
         assert!(d.decide(SATURATED_WORKING, true, now));
+    }
+
+    #[test]
+    fn a_look_at_a_saturated_machine_waits_until_the_load_ends() {
+        let mut d = Deferral::default();
+        let mut now = Instant::now();
+        assert!(d.decide_after_look(SATURATED_WAITING, true));
+        for _ in 0..5 {
+            now += WINDOW;
+            assert!(d.decide(SATURATED_WAITING, true, now));
+        }
+        now += WINDOW;
+        assert!(!d.decide(shares(0.3, 0.0, 0.05), true, now));
+        // The wait found the data path busy: the next saturation is met at once.
+        now += MIN_BACKOFF;
+        assert!(d.decide(SATURATED_WORKING, true, now));
+    }
+
+    #[test]
+    fn a_look_that_finds_room_leaves_the_probes_as_they_were() {
+        let mut d = Deferral::default();
+        let now = Instant::now();
+        assert!(!d.decide_after_look(ROOM_WHILE_WAITING, true));
+        assert!(!d.decide_after_look(shares(0.97, 0.0, 0.1), true), "a busy machine, a quiet data path");
+        assert!(!d.decide_after_look(SATURATED_WAITING, false), "no room in the spill");
+        assert!(!d.waiting());
+        assert!(d.decide(SATURATED_WORKING, true, now), "no back-off");
     }
 
     #[test]

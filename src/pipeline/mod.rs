@@ -69,21 +69,21 @@ pub fn spawn(
             let mut spill_room = spill_limit.map(|limit| SpillRoom::new(limit, &metrics));
             let mut yielding = YieldToDataPath::default();
             loop {
-                // Stopping: no more waiting, the queue is drained and the thread ends.
-                if let Some(room) = spill_room.as_mut()
-                    && !stop.is_cancelled()
-                    && yielding.should_wait(|| room.allows_waiting(&metrics))
-                {
-                    metrics
-                        .pipeline_deferred_ms
-                        .add(YieldToDataPath::WINDOW.as_millis() as u64);
-                    std::thread::sleep(YieldToDataPath::WINDOW);
-                    continue;
-                }
                 // Wake up at least once a second to close idle trajectories; when stopping, look often so that
                 // the thread ends as soon as the queue is empty.
                 let wait = if stop.is_cancelled() { STOPPING_POLL } else { tick };
                 let next = rx.recv_timeout(wait);
+                if next.is_ok()
+                    && let Some(room) = spill_room.as_mut()
+                {
+                    // Holding the oldest exchange, the rest waiting behind it in order. Stopping: no more waiting.
+                    while !stop.is_cancelled()
+                        && let Some(pause) = yielding.pause(|| room.allows_waiting(&metrics))
+                    {
+                        metrics.pipeline_deferred_ms.add(pause.as_millis() as u64);
+                        std::thread::sleep(pause);
+                    }
+                }
                 let now = crate::capture::now_micros();
                 match next {
                     Ok(first) => {
