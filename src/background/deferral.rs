@@ -175,7 +175,10 @@ mod tests {
         let mut d = Deferral::default();
         let now = Instant::now();
         assert!(!d.decide_after_look(ROOM_WHILE_WAITING, true));
-        assert!(!d.decide_after_look(shares(0.97, 0.0, 0.1), true), "a busy machine, a quiet data path");
+        assert!(
+            !d.decide_after_look(shares(0.97, 0.0, 0.1), true),
+            "a busy machine, a quiet data path"
+        );
         assert!(!d.decide_after_look(SATURATED_WAITING, false), "no room in the spill");
         assert!(!d.waiting());
         assert!(d.decide(SATURATED_WORKING, true, now), "no back-off");

@@ -47,6 +47,130 @@ const ALLOWED_JSON_MEMBERS: &[&[u8]] = &[b"signature", b"thoughtsignature"];
 /// Anthropic (`sk-`, `sk-proj-`, `sk-ant-`), Google (`AIza`), Groq (`gsk_`), xAI (`xai-`). Prefix, minimum length.
 const KEY_FORMATS: &[(&str, usize)] = &[("sk-", 20), ("AIza", 30), ("gsk_", 30), ("xai-", 30)];
 
+/// Header names that most requests and responses carry, judged once when a [`Redactor`] is built: every
+/// standard name the `http` crate knows and the ones provider APIs and their SDKs send. The rule runs on every
+/// header of every captured exchange; for these names a lookup replaces it (hashing a standard name hashes a
+/// one-byte tag), ~300 instructions per header fewer on the data path. Any other name is judged by the rule.
+const COMMON_HEADERS: &[&str] = &[
+    // HTTP (the `http` crate's standard names)
+    "accept",
+    "accept-charset",
+    "accept-encoding",
+    "accept-language",
+    "accept-ranges",
+    "access-control-allow-credentials",
+    "access-control-allow-headers",
+    "access-control-allow-methods",
+    "access-control-allow-origin",
+    "access-control-expose-headers",
+    "access-control-max-age",
+    "access-control-request-headers",
+    "access-control-request-method",
+    "age",
+    "allow",
+    "alt-svc",
+    "authorization",
+    "cache-control",
+    "cache-status",
+    "cdn-cache-control",
+    "connection",
+    "content-disposition",
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-location",
+    "content-range",
+    "content-security-policy",
+    "content-security-policy-report-only",
+    "content-type",
+    "cookie",
+    "dnt",
+    "date",
+    "etag",
+    "expect",
+    "expires",
+    "forwarded",
+    "from",
+    "host",
+    "if-match",
+    "if-modified-since",
+    "if-none-match",
+    "if-range",
+    "if-unmodified-since",
+    "last-modified",
+    "link",
+    "location",
+    "max-forwards",
+    "origin",
+    "pragma",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "public-key-pins",
+    "public-key-pins-report-only",
+    "range",
+    "referer",
+    "referrer-policy",
+    "refresh",
+    "retry-after",
+    "sec-websocket-accept",
+    "sec-websocket-extensions",
+    "sec-websocket-key",
+    "sec-websocket-protocol",
+    "sec-websocket-version",
+    "server",
+    "set-cookie",
+    "strict-transport-security",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "user-agent",
+    "upgrade",
+    "upgrade-insecure-requests",
+    "vary",
+    "via",
+    "warning",
+    "www-authenticate",
+    "x-content-type-options",
+    "x-dns-prefetch-control",
+    "x-frame-options",
+    "x-xss-protection",
+    // Provider APIs and SDKs
+    "x-api-key",
+    "x-goog-api-key",
+    "x-goog-api-client",
+    "anthropic-version",
+    "anthropic-beta",
+    "anthropic-dangerous-direct-browser-access",
+    "anthropic-organization-id",
+    "request-id",
+    "x-request-id",
+    "openai-organization",
+    "openai-project",
+    "openai-version",
+    "openai-processing-ms",
+    "openai-beta",
+    "x-stainless-lang",
+    "x-stainless-package-version",
+    "x-stainless-os",
+    "x-stainless-arch",
+    "x-stainless-runtime",
+    "x-stainless-runtime-version",
+    "x-stainless-retry-count",
+    "x-stainless-timeout",
+    "x-stainless-async",
+    "x-stainless-helper-method",
+    "x-app",
+    "cf-ray",
+    "cf-cache-status",
+    "x-envoy-upstream-service-time",
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+];
+
 /// Calls `f` with `name`'s letters and digits, lowercased: the form names are compared in. A name is normalized
 /// once, on the stack when it is at most 64 bytes (every header name in practice), and every fragment is looked
 /// for in that copy. (A `SmallVec` filled by `push` cost ~300 instructions per header name, this ~60.)
@@ -75,23 +199,38 @@ fn contains(name: &[u8], fragment: &[u8]) -> bool {
     !fragment.is_empty() && name.windows(fragment.len()).any(|w| w == fragment)
 }
 /// The redaction rule with the configured extra names. Built once at startup; shared by every request.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Redactor {
     /// `capture.redact_headers`, normalized. They win over the allow-list.
     extra: Vec<Box<[u8]>>,
+    /// [`COMMON_HEADERS`], each judged by this redactor's rule.
+    common: rustc_hash::FxHashMap<HeaderName, bool>,
+}
+
+/// The built-in rule alone.
+impl Default for Redactor {
+    fn default() -> Redactor {
+        Redactor::new(&[])
+    }
 }
 
 impl Redactor {
     /// `extra`: further name fragments (`capture.redact_headers`); entries with no letter or digit are ignored
     /// (config validation refuses them).
     pub fn new(extra: &[String]) -> Redactor {
-        Redactor {
+        let mut redactor = Redactor {
             extra: extra
                 .iter()
                 .map(|e| with_normalized(e.as_bytes(), |e| Box::<[u8]>::from(e)))
                 .filter(|e| !e.is_empty())
                 .collect(),
-        }
+            common: Default::default(),
+        };
+        redactor.common = COMMON_HEADERS
+            .iter()
+            .map(|name| (HeaderName::from_static(name), redactor.is_secret_name(name.as_bytes())))
+            .collect();
+        redactor
     }
 
     /// Whether a header or query parameter named `name` carries a secret.
@@ -104,7 +243,10 @@ impl Redactor {
     }
 
     pub fn is_secret_header(&self, name: &HeaderName) -> bool {
-        self.is_secret_name(name.as_str().as_bytes())
+        match self.common.get(name) {
+            Some(&secret) => secret,
+            None => self.is_secret_name(name.as_str().as_bytes()),
+        }
     }
 
     /// Headers as (name, value) pairs with secret values replaced. Our own `x-llmtap-*` headers are omitted
@@ -134,6 +276,9 @@ impl Redactor {
     /// `path?query` with secret query values and path segments that look like keys replaced. Query names are
     /// judged percent-decoded (`%6Bey` is `key`).
     pub fn redact_path_and_query(&self, path: &str, query: Option<&str>) -> String {
+        if query.is_none() && !path.split('/').any(looks_like_key) {
+            return path.to_owned();
+        }
         let mut out = String::with_capacity(path.len() + query.map_or(0, |q| q.len() + 1));
         for (i, segment) in path.split('/').enumerate() {
             if i > 0 {
@@ -371,6 +516,32 @@ mod tests {
         assert!(
             !r.is_secret_name(b"content-type"),
             "an entry without letters matches nothing"
+        );
+    }
+
+    /// The common names are looked up, not judged again: the lookup must give the rule's verdict, with the
+    /// configured names too.
+    #[test]
+    fn common_header_names_get_the_rules_verdict() {
+        let configured = Redactor::new(&["organization".into(), "ratelimit".into()]);
+        for r in [rule(), configured.clone()] {
+            for name in COMMON_HEADERS {
+                // As hyper makes it from the wire.
+                let header = HeaderName::from_bytes(name.as_bytes()).expect("a valid name");
+                assert!(r.common.contains_key(&header), "{name} is looked up");
+                assert_eq!(r.is_secret_header(&header), r.is_secret_name(name.as_bytes()), "{name}");
+            }
+        }
+        let header = |n: &'static str| HeaderName::from_static(n);
+        assert!(rule().is_secret_header(&header("authorization")));
+        assert!(rule().is_secret_header(&header("x-goog-api-key")));
+        assert!(!rule().is_secret_header(&header("openai-organization")));
+        assert!(configured.is_secret_header(&header("openai-organization")));
+        assert!(!rule().is_secret_header(&header("x-ratelimit-remaining-tokens")));
+        assert!(configured.is_secret_header(&header("x-ratelimit-remaining-tokens")));
+        assert!(
+            rule().is_secret_header(&header("x-custom-auth-token")),
+            "not a common name: the rule"
         );
     }
 
