@@ -155,7 +155,10 @@ impl Segments {
         }
         if self.writer.is_none() {
             let path = self.path(seq);
-            let opened = create_file(&path).and_then(|mut file| file.write_all(MAGIC).map(|()| file));
+            let opened = create_file(&path).and_then(|mut file| {
+                reserve_blocks(&file);
+                file.write_all(MAGIC).map(|()| file)
+            });
             let file = match opened {
                 Ok(file) => file,
                 Err(source) => {
@@ -387,6 +390,27 @@ fn create_dir(dir: &Path) -> std::io::Result<()> {
 fn create_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)
 }
+
+/// Allocate a new segment's blocks up front (its size stays 0 until written). Appending into allocated blocks
+/// skips the filesystem's per-page block reservation (ext4's delayed allocation), which was a third of the spill
+/// thread's time at saturation. Best effort: a filesystem without `fallocate`, or a full one, gets plain appends.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn reserve_blocks(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open file descriptor; the call only allocates blocks past the end of the file.
+    let _ = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            SEGMENT_BYTES as libc::off_t,
+        )
+    };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn reserve_blocks(_: &File) {}
 
 /// A new segment or cursor file, 0600.
 fn create_file(path: &Path) -> std::io::Result<File> {
