@@ -25,7 +25,8 @@
 //! the writer). At 500 req/s, 2 ms polls made 3.1 background context switches per exchange and cost the
 //! pipeline and store threads 82 + 178 µs of CPU per exchange; 20 ms polls with the store's 50 ms group commit:
 //! 0.7 switches and 52 + 114 µs (`perf stat --per-thread`, 3,000 requests 2 ms apart), and capture's added p50
-//! fell by ~4 µs (`llmtap-bench latency`, binaries alternated). Capture-to-store delay is at most ~70 ms.
+//! fell by ~4 µs (`llmtap-bench latency`, binaries alternated). Capture-to-store delay is at most ~70 ms, plus, with
+//! the spill on, a 100 ms look at the machine before work that follows a quiet spell (`background::YieldToDataPath`).
 //!
 //! The queue is bounded twice: by exchanges (`capture.queue_capacity`) and by the body and header bytes they
 //! hold (`capture.queue_bytes`), so a store that falls behind on multi-megabyte requests cannot grow llmtap's
