@@ -177,27 +177,28 @@ const COMMON_HEADERS: &[&str] = &[
 fn with_normalized<R>(name: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
     let mut inline = [0u8; 64];
     if name.len() > inline.len() {
-        let long: Vec<u8> = name
-            .iter()
-            .filter(|b| b.is_ascii_alphanumeric())
-            .map(|b| b.to_ascii_lowercase())
-            .collect();
-        return f(&long);
+        return f(&letters(name).collect::<Vec<u8>>());
     }
     let mut len = 0;
-    for &b in name {
-        if b.is_ascii_alphanumeric() {
-            inline[len] = b.to_ascii_lowercase();
-            len += 1;
-        }
+    for b in letters(name) {
+        inline[len] = b;
+        len += 1;
     }
     f(&inline[..len])
+}
+
+/// `name`'s letters and digits, lowercased.
+fn letters(name: &[u8]) -> impl Iterator<Item = u8> + '_ {
+    name.iter()
+        .filter(|b| b.is_ascii_alphanumeric())
+        .map(|b| b.to_ascii_lowercase())
 }
 
 /// Whether normalized `name` contains normalized `fragment`.
 fn contains(name: &[u8], fragment: &[u8]) -> bool {
     !fragment.is_empty() && name.windows(fragment.len()).any(|w| w == fragment)
 }
+
 /// The redaction rule with the configured extra names. Built once at startup; shared by every request.
 #[derive(Debug, Clone)]
 pub struct Redactor {
@@ -380,14 +381,9 @@ mod tests {
     /// The rule's meaning, written the slow and obvious way: from every position of the raw name where the
     /// fragment's first letter is, the following letters and digits (lowercased) start with the fragment.
     fn contains_skipping_separators(name: &[u8], fragment: &[u8]) -> bool {
-        let letters = |from: usize| {
-            name[from..]
-                .iter()
-                .filter(|b| b.is_ascii_alphanumeric())
-                .map(|b| b.to_ascii_lowercase())
-        };
         (0..name.len()).any(|i| {
-            name[i].to_ascii_lowercase() == fragment[0] && letters(i).take(fragment.len()).eq(fragment.iter().copied())
+            name[i].to_ascii_lowercase() == fragment[0]
+                && letters(&name[i..]).take(fragment.len()).eq(fragment.iter().copied())
         })
     }
 
