@@ -2,7 +2,8 @@
 # The one test command: installs what the tests need, then checks formatting and lints, runs every test, and the
 # benchmark in its smoke configuration. Installs (each only when missing):
 # - a Python virtualenv (.venv) with the official provider SDKs, the OpenAI Agents SDK, google-genai and rotel
-#   (a real OpenTelemetry collector, for tests/scale_out.rs);
+#   (a real OpenTelemetry collector, for tests/scale_out.rs), exactly as locked with hashes in
+#   tests/sdk/requirements.txt (its input and how to regenerate it: tests/sdk/requirements.in);
 # - from Debian: nginx (tests/scale_out.rs), Chromium (tests/viewer.rs), script(1) (tests/cost_live.rs runs
 #   `llmtap tail` on a pseudo-terminal), Node.js and npm;
 # - from npm, exactly as locked: the agent clients in tests/clients (Claude Code, the Vercel AI SDK) and
@@ -26,10 +27,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check -r tests/sdk/requirements.txt
-if ! ls .venv/lib/python3*/site-packages/rotel/rotel-agent >/dev/null 2>&1; then
-  .venv/bin/pip install --quiet --disable-pip-version-check --pre rotel==0.0.1a15
-fi
+.venv/bin/pip install --quiet --disable-pip-version-check --require-hashes -r tests/sdk/requirements.txt
 
 for dir in tests/clients tests/browser; do
   if [ ! -f "$dir/node_modules/.package-lock.json" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
