@@ -29,6 +29,16 @@ impl ApiFamily {
     }
 }
 
+/// How `llmtap serve` writes its log to stderr: text for people (coloured only on a terminal), or one JSON object
+/// per line for log shippers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -63,6 +73,7 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
 pub struct RawConfig {
     pub listen: Option<String>,
     pub data_dir: Option<PathBuf>,
+    pub log_format: Option<LogFormat>,
     #[serde(default)]
     pub capture: RawCapture,
     #[serde(default)]
@@ -184,6 +195,8 @@ pub struct RawUpstream {
 pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// `log_format`: how `serve` writes its log.
+    pub log_format: LogFormat,
     pub capture: CaptureConfig,
     pub store: StoreConfig,
     pub derive: DeriveConfig,
@@ -621,6 +634,7 @@ impl RawConfig {
         Ok(Config {
             listen,
             data_dir: self.data_dir.unwrap_or_else(default_data_dir),
+            log_format: self.log_format.unwrap_or_default(),
             capture,
             store,
             derive,

@@ -19,7 +19,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    llmtap::telemetry::init_logging();
+    // `serve` starts its log once its config (`log_format`) is read; the other commands log as text.
+    if !matches!(cli.command, Command::Serve { .. }) {
+        llmtap::telemetry::init_logging(llmtap::config::LogFormat::Text);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -68,6 +71,7 @@ fn filter(select: &Selection, limit: Option<u64>) -> Result<TraceFilter> {
 /// Run the proxy until SIGTERM/SIGINT.
 fn serve(store: StoreArgs, listen: Option<String>) -> Result<()> {
     let config = resolve_config(&store, listen)?;
+    llmtap::telemetry::init_logging(config.log_format);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // A worker that runs out of work sends the exchanges it captured (see capture::handoff) and, now

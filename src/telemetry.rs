@@ -621,15 +621,32 @@ fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// Logs go to stderr; `RUST_LOG` overrides the default `info` level.
-pub fn init_logging() {
+/// Logs go to stderr; `RUST_LOG` overrides the default `info` level. Text is coloured only when stderr is a
+/// terminal and `NO_COLOR` is unset or empty (https://no-color.org): a log written to a file or a pipe, or read
+/// by a log shipper, must not carry escape codes. JSON is one object per line, the event's fields (`message`
+/// among them) beside `timestamp` and `level`.
+pub fn init_logging(format: crate::config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match format {
+        crate::config::LogFormat::Text => builder.with_ansi(stderr_wants_color()).try_init(),
+        crate::config::LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_ansi(false)
+            .try_init(),
+    };
+}
+
+fn stderr_wants_color() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 #[cfg(test)]

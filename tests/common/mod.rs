@@ -697,7 +697,16 @@ impl Llmtap {
 
     /// Start llmtap and collect its log (stderr) lines, for tests about what it logs.
     pub fn start_capturing_log(config: &str, data_dir: &Path) -> (Llmtap, Arc<Mutex<Vec<String>>>) {
-        let (tap, stderr) = Self::spawn_with_stderr(config, data_dir, &[], Stdio::piped());
+        Self::start_capturing_log_with_env(config, data_dir, &[])
+    }
+
+    /// As `start_capturing_log`, with `env` added to llmtap's environment (e.g. `RUST_LOG`).
+    pub fn start_capturing_log_with_env(
+        config: &str,
+        data_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> (Llmtap, Arc<Mutex<Vec<String>>>) {
+        let (tap, stderr) = Self::spawn_with_stderr(config, data_dir, env, Stdio::piped());
         let lines = Arc::new(Mutex::new(Vec::new()));
         if let Some(stderr) = stderr {
             let sink = lines.clone();
