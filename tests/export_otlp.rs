@@ -512,8 +512,12 @@ async fn outage_and_restart_lose_no_span() {
         "retries visible in the metrics"
     );
     assert_eq!(tap.metric("llmtap_exported_total"), 0);
-    // Let the retries run a little longer: still nothing may be dropped.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Three more retries: still nothing may be dropped.
+    let retries = tap.metric("llmtap_export_retries_total");
+    wait::poll_until_async("three more retries", Duration::from_secs(15), || {
+        tap.metric("llmtap_export_retries_total") >= retries + 3
+    })
+    .await;
     assert_eq!(
         tap.metric("llmtap_export_failed_total"),
         0,
@@ -585,12 +589,15 @@ async fn rejections_and_partial_success_are_not_retried() {
         let tap = Llmtap::start(&otlp_config(&up, &format!("http://{addr}"), "grpc", ""), dir.path());
         let f = fixture("openai_chat/openllmetry__chat_basic_gzip");
         assert_eq!(send_fixture(&client(), &tap, &f, &[]).await.status, 200);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while *receiver.attempts.lock().unwrap() == 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        // Give a retry every chance to happen (backoff is 50 ms here).
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tap.wait_for_traces(1);
+        // The exporter is done with the batch: it counted the refusal and moved its cursor past it (lag 0). A
+        // retry would come before that (backoff 50 ms here), with the lag still at the batch's entries.
+        wait::poll_until_async("the exporter to move past the batch", Duration::from_secs(15), || {
+            *receiver.attempts.lock().unwrap() > 0
+                && tap.metric("llmtap_export_failed_total") >= 1
+                && tap.metric("llmtap_export_lag") == 0
+        })
+        .await;
         assert_eq!(*receiver.attempts.lock().unwrap(), 1, "sent once, never retried");
         assert_eq!(tap.metric("llmtap_export_retries_total"), 0);
         assert!(tap.metric("llmtap_export_failed_total") >= 1);

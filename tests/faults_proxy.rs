@@ -353,9 +353,12 @@ async fn each_request_on_a_kept_alive_connection_gets_its_own_header_timeout() {
     let tap = Llmtap::start(&upstream.config("[server]\nheader_read_timeout_secs = 2\n"), dir.path());
     let mut stream = TcpStream::connect(tap.addr).unwrap();
     let request = chat_request("/local/v1/slow");
-    // The first head arrives in two parts, so its timeout is armed (and expires while the upstream is slow).
+    // The first head arrives in two parts, so its timeout is armed (and expires while the upstream is slow):
+    // the rest is sent once llmtap has read the first part.
     stream.write_all(&request.as_bytes()[..20]).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    common::wait::poll_until("llmtap to read the head's first part", Duration::from_secs(10), || {
+        common::wait::peer_read_all(&stream)
+    });
     stream.write_all(&request.as_bytes()[20..]).unwrap();
     let mut reply = [0u8; 4096];
     assert!(
@@ -417,13 +420,24 @@ async fn a_connection_waiting_for_its_answer_is_not_idle() {
 async fn past_the_connection_limit_new_clients_wait_until_a_connection_closes() {
     let upstream = ScriptedUpstream::start(ok_script()).await;
     let dir = tempfile::tempdir().unwrap();
-    let tap = Llmtap::start(&upstream.config("[server]\nmax_connections = 3\n"), dir.path());
+    let (tap, log) = Llmtap::start_capturing_log(&upstream.config("[server]\nmax_connections = 3\n"), dir.path());
     let held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(tap.addr).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(300));
+    // llmtap accepted all three and stopped accepting: it says so when it reaches the limit.
+    common::wait::poll_until_async("the limit to be reached", Duration::from_secs(10), || {
+        log.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("Connection limit reached"))
+    })
+    .await;
     let url = tap.url("/local/v1/chat/completions");
     let waiting =
         tokio::spawn(async move { common::send(&common::client(), "POST", &url, &[], CHAT_REQUEST.into()).await });
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The fourth client is connected, and waits in the listen backlog, not accepted.
+    common::wait::poll_until_async("the fourth client in the backlog", Duration::from_secs(10), || {
+        common::wait::accept_backlog(tap.addr) == 1
+    })
+    .await;
     assert!(
         !waiting.is_finished(),
         "a fourth connection was served while three were open"
@@ -465,16 +479,22 @@ async fn accept_failures_are_logged_once_per_episode_and_counted() {
     let addr: SocketAddr = line.trim().rsplit("http://").next().unwrap().parse().unwrap();
     // More idle connections than the process has descriptors: accepts start failing with EMFILE.
     let held: Vec<TcpStream> = (0..80).filter_map(|_| TcpStream::connect(addr).ok()).collect();
-    std::thread::sleep(Duration::from_secs(3));
-    let metrics = {
-        drop(held);
-        std::thread::sleep(Duration::from_millis(500));
+    common::wait::poll_until("the first accept failure", Duration::from_secs(15), || {
+        std::fs::read_to_string(&stderr_path).is_ok_and(|log| log.contains("Accept failed"))
+    });
+    // The fault lasts a second more: accept retries every 50 ms, so about twenty more failures.
+    std::thread::sleep(Duration::from_secs(1));
+    drop(held);
+    // Descriptors come back as llmtap sees the held connections close; then it answers again.
+    let mut metrics = String::new();
+    common::wait::poll_until("llmtap to answer again", Duration::from_secs(20), || {
         let out = common::llmtap_command()
             .args(["status", "--addr", &addr.to_string()])
             .output()
             .unwrap();
-        String::from_utf8(out.stdout).unwrap()
-    };
+        metrics = String::from_utf8(out.stdout).unwrap();
+        out.status.success()
+    });
     let _ = child.kill();
     let _ = child.wait();
     let log = std::fs::read_to_string(&stderr_path).unwrap();

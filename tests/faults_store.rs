@@ -227,10 +227,6 @@ async fn a_store_llmtap_cannot_write_stops_serve_with_a_message_naming_it() {
     assert_eq!(tap.export("provider-traces", &[]).len(), 1);
 }
 
-/// The documented guarantee (docs/operations.md, Faults): an exchange whose response completed more than this long
-/// before a kill -9 is in the store (while capture keeps up).
-const KILL_WINDOW: Duration = Duration::from_secs(1);
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_keeps_every_exchange_completed_more_than_the_window_before() {
     const N: usize = 1000;
@@ -259,11 +255,11 @@ async fn kill_9_keeps_every_exchange_completed_more_than_the_window_before() {
     for c in clients {
         c.await.unwrap();
     }
-    // Every response is complete here. The guarantee counts from then, while capture keeps up: on a loaded
-    // machine the pipeline may need longer than the window, so the kill waits for the window and for the
-    // store to show every trace committed to another connection (what kill -9 must not undo).
+    // Every response is complete here. The documented guarantee (docs/operations.md, Faults: an exchange
+    // completed more than 1 s before a kill -9 is in the store) holds while capture keeps up; on a loaded
+    // machine the pipeline may need longer, so the kill waits for the event the window stands for: the store
+    // shows every trace committed to another connection (what kill -9 must not undo).
     assert_eq!(tap.metric("llmtap_capture_dropped_total"), 0, "capture kept up");
-    tokio::time::sleep(KILL_WINDOW).await;
     let db = open_store_db(dir.path());
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {

@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
@@ -85,22 +85,22 @@ async fn an_overrun_capture_drops_whole_conversations_and_counts_them() {
             break;
         }
     }
-    // Settled: nothing waiting in the queue and the store's count stable.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut last = u64::MAX;
-    while Instant::now() < deadline {
-        let stored = tap.metric("llmtap_stored_total");
-        if tap.metric("llmtap_capture_queue_bytes") == 0 && stored == last {
-            break;
-        }
-        last = stored;
-        std::thread::sleep(Duration::from_millis(1_500));
-    }
+    // Settled: every exchange processed or dropped, and every processed one stored as a trace.
+    let exchanges = (sent.len() * calls) as u64;
+    wait::poll_until("every exchange processed or dropped", Duration::from_secs(20), || {
+        tap.metric("llmtap_processed_total") + tap.metric("llmtap_capture_dropped_total") == exchanges
+    });
+    let processed = tap.metric("llmtap_processed_total") as usize;
+    let mut traces = Vec::new();
+    wait::poll_until("every processed exchange stored", Duration::from_secs(20), || {
+        traces = tap.export("provider-traces", &[]);
+        traces.len() == processed
+    });
 
     let dropped = tap.metric("llmtap_capture_dropped_total");
     assert!(dropped > 0, "a one-exchange queue overran");
     let mut stored: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for t in tap.export("provider-traces", &[]) {
+    for t in traces {
         let (conv, call) = identify(&t["request"]);
         stored.entry(conv).or_default().push(call);
     }
@@ -116,6 +116,10 @@ async fn an_overrun_capture_drops_whole_conversations_and_counts_them() {
         lost += usize::from(got.len() < calls);
     }
     assert!(lost > 0, "{dropped} exchanges dropped");
+    // The pipeline counts a conversation whose last exchange was dropped once it finds the queue quiet.
+    wait::poll_until("the dropped conversations counted", Duration::from_secs(20), || {
+        tap.metric("llmtap_capture_dropped_trajectories_total") >= lost as u64
+    });
     assert_eq!(
         tap.metric("llmtap_capture_dropped_trajectories_total"),
         lost as u64,
@@ -123,7 +127,7 @@ async fn an_overrun_capture_drops_whole_conversations_and_counts_them() {
     );
     assert_eq!(
         tap.metric("llmtap_processed_total") + dropped,
-        (sent.len() * calls) as u64,
+        exchanges,
         "every exchange is either processed or counted as dropped"
     );
 }

@@ -15,8 +15,8 @@ use crate::telemetry::Metrics;
 
 /// Blocking threads beyond one per allowed stream: unary queries still run while every stream reads.
 const SPARE_BLOCKING_THREADS: usize = 2;
-/// Upper bound on the API's blocking pool, whatever `[api] max_streams` says.
-const MAX_BLOCKING_THREADS: usize = 34;
+/// Upper bound on the API's blocking pool, whatever `[api] max_streams` says (public for tests that fill it).
+pub const MAX_BLOCKING_THREADS: usize = 34;
 
 /// Where the API runtime serves: the gRPC API, the web viewer, or both.
 pub struct Listeners {
