@@ -26,7 +26,11 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("llmtap: {e:#}");
+            if llmtap::telemetry::logs_as_json() {
+                tracing::error!(error = format!("{e:#}"), "llmtap stopped");
+            } else {
+                eprintln!("llmtap: {e:#}");
+            }
             ExitCode::FAILURE
         }
     }

@@ -634,14 +634,27 @@ pub fn init_logging(format: crate::config::LogFormat) {
         .with_target(false);
     let _ = match format {
         crate::config::LogFormat::Text => builder.with_ansi(stderr_wants_color()).try_init(),
-        crate::config::LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .with_ansi(false)
-            .try_init(),
+        crate::config::LogFormat::Json => {
+            let installed = builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .with_ansi(false)
+                .try_init();
+            JSON_LOGS.store(installed.is_ok(), Ordering::Relaxed);
+            installed
+        }
     };
+}
+
+/// Set once the log is JSON: the error that ends the process is then one more JSON event (see
+/// [`logs_as_json`]), so that a log shipper can parse every line of stderr.
+static JSON_LOGS: AtomicBool = AtomicBool::new(false);
+
+/// Whether the log is JSON (`log_format = "json"`, set by `serve`).
+pub fn logs_as_json() -> bool {
+    JSON_LOGS.load(Ordering::Relaxed)
 }
 
 fn stderr_wants_color() -> bool {

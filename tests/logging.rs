@@ -138,3 +138,34 @@ fn serve_logs_in_colour_on_a_terminal() {
     let shutdown = shown.lines().find(|l| l.contains(SHUTDOWN));
     assert!(shutdown.is_some_and(|l| l.contains("\x1b[")), "{shown:?}");
 }
+
+/// With JSON logs, the error that stops `serve` (here: its port is taken) is a JSON event too.
+#[test]
+fn a_fatal_error_is_a_json_event_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("llmtap.toml");
+    std::fs::write(&config_path, format!("log_format = \"json\"\n{QUIET}")).unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let out = llmtap_command()
+        .args([
+            "serve",
+            "--listen",
+            &taken.local_addr().unwrap().to_string(),
+            "--config",
+        ])
+        .arg(&config_path)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let events: Vec<Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON object ({e}): {l:?}")))
+        .collect();
+    let last = events.last().expect("the error is logged");
+    assert_eq!(last["level"], "ERROR", "{stderr}");
+    assert_eq!(last["message"], "llmtap stopped", "{stderr}");
+    assert!(last["error"].as_str().is_some_and(|e| !e.is_empty()), "{stderr}");
+}
