@@ -593,3 +593,111 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
     assert_eq!(count(&after[0]), count(&before[0]) + 1);
     assert_eq!(count(&after[0]), stored);
 }
+
+/// "Copy as curl" of calls whose sender chose a hostile method, header value and body, pasted into bash with a
+/// fake `curl` first on PATH: bash runs that curl and nothing else (a `pwned` command, also on PATH, would leave
+/// a marker), and curl gets exactly the call's method, URL, headers and body bytes (stdin).
+#[tokio::test(flavor = "multi_thread")]
+async fn copy_as_curl_of_a_hostile_call_runs_only_curl_with_the_call_as_sent() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), &dir.path().join("data"));
+    let base = format!("http://{}", tap.viewer_addr.expect("viewer enabled"));
+    let client = client();
+
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let marker = dir.path().join("pwned-marker");
+    let script = |name: &str, text: &str| {
+        let p = bin.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    };
+    script(
+        "curl",
+        "#!/bin/sh\n: > \"$CURL_OUT.args\"\nfor a in \"$@\"; do printf '%s\\0' \"$a\" >> \"$CURL_OUT.args\"; done\n\
+         cat > \"$CURL_OUT.stdin\"\n",
+    );
+    script("pwned", "#!/bin/sh\necho \"$0 $*\" >> \"$MARKER\"\n");
+
+    // (method, content-type, body sent, the body as stored: JSON text, a body that is not JSON as a JSON string)
+    let terminator_body = "line one\nLLMTAP_EOF\npwned\n'$(pwned)' `pwned`\nLLMTAP_EOF";
+    let calls: Vec<(&str, &str, String, String)> = vec![
+        (
+            "X|pwned",
+            "text/plain'; pwned; '",
+            terminator_body.to_owned(),
+            serde_json::to_string(terminator_body).unwrap(),
+        ),
+        (
+            "X`pwned`&pwned&",
+            "application/json",
+            // One line of JSON with a tab, DEL and a C1 control (all valid raw in JSON), quotes, % and \.
+            "{\"m\":\"it's 100% $(pwned) `pwned` \\\\ \\u0041\",\t\"d\":\"\u{7f}\u{9b}\"}".to_owned(),
+            "{\"m\":\"it's 100% $(pwned) `pwned` \\\\ \\u0041\",\t\"d\":\"\u{7f}\u{9b}\"}".to_owned(),
+        ),
+        ("X'|pwned|'", "application/json", "-1\t".to_owned(), "-1\t".to_owned()),
+    ];
+    for (method, content_type, body, _) in &calls {
+        send(
+            &client,
+            method,
+            &tap.url("/anthropic/v1/messages"),
+            &[("content-type", content_type), ("anthropic-version", "2023-06-01")],
+            body.clone().into_bytes(),
+        )
+        .await;
+    }
+    let traces = tap.wait_for_traces(calls.len());
+    let scheme = if up.ca_pem_path.exists() { "https" } else { "http" };
+    let url = format!("{scheme}://127.0.0.1:{}/v1/messages", up.addr.port());
+    for (i, (method, content_type, _, stored)) in calls.iter().enumerate() {
+        let trace = traces.iter().find(|t| t["method"] == *method).expect(method);
+        let call = get_json(&client, &format!("{base}/api/calls/{}", trace["id"].as_str().unwrap())).await;
+        let cmd = call["curl"].as_str().unwrap();
+        assert!(
+            !cmd.chars().any(|c| c.is_control() && c != '\n'),
+            "a control character a terminal would act on: {cmd:?}"
+        );
+        let out_base = dir.path().join(format!("curl-{i}"));
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(dir.path())
+            .env("PATH", path)
+            .env("CURL_OUT", &out_base)
+            .env("MARKER", &marker)
+            .env("ANTHROPIC_API_KEY", "test-key-42")
+            .output()
+            .unwrap();
+        assert!(!marker.exists(), "{method}: an injected command ran: {cmd}");
+        assert!(
+            out.status.success(),
+            "{method}: {cmd}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let args = std::fs::read(out_base.with_extension("args")).unwrap();
+        let args: Vec<String> = args
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8(a.to_vec()).unwrap())
+            .collect();
+        assert_eq!(args[..5], ["-sS", "-X", method, &url, "-H"], "{cmd}");
+        assert_eq!(args[5], "x-api-key: test-key-42", "{cmd}");
+        let (headers, tail) = args[6..].split_at(args.len() - 8);
+        let mut headers: Vec<&str> = headers
+            .chunks(2)
+            .map(|p| {
+                assert_eq!(p[0], "-H", "{cmd}");
+                p[1].as_str()
+            })
+            .collect();
+        headers.sort_unstable();
+        let want_type = format!("content-type: {content_type}");
+        assert_eq!(headers, ["anthropic-version: 2023-06-01", want_type.as_str()], "{cmd}");
+        assert_eq!(tail, ["--data-binary", "@-"], "{cmd}");
+        let stdin = std::fs::read(out_base.with_extension("stdin")).unwrap();
+        assert_eq!(String::from_utf8_lossy(&stdin), *stored, "{cmd}");
+    }
+}
