@@ -431,6 +431,78 @@ async fn viewer_beyond_loopback_requires_the_token() {
     assert_eq!(bearer.status, 200);
 }
 
+/// A page on another site that the user visits cannot drive the viewer: cross-site requests are refused on every
+/// API route, by `Sec-Fetch-Site` or, from a browser that does not send it, by `Origin`. The viewer's own page,
+/// a URL typed into the browser and clients sending neither header (curl) are served; so is a link to the page.
+#[tokio::test(flavor = "multi_thread")]
+async fn cross_site_requests_to_the_api_are_refused_and_same_origin_ones_served() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let base = format!("http://{}", tap.viewer_addr.expect("viewer enabled"));
+    let client = client();
+    let f = &session(SESSION)[0];
+    assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, f.status);
+    let trace = tap.wait_for_traces(1).remove(0);
+    let (call, trajectory) = (trace["id"].as_str().unwrap(), trace["trajectory_id"].as_str().unwrap());
+    let routes = [
+        "/api/sessions".to_owned(),
+        format!("/api/sessions/{trajectory}"),
+        format!("/api/trajectories/{trajectory}/steps"),
+        format!("/api/calls/{call}"),
+        format!("/api/export/steps?session={trajectory}"),
+    ];
+    let refused: [&[(&str, &str)]; 5] = [
+        &[("origin", "http://evil.example"), ("sec-fetch-site", "cross-site")],
+        // Another site on this host (another port of 127.0.0.1) or a sibling domain.
+        &[("sec-fetch-site", "same-site")],
+        // A browser without Sec-Fetch-*: its Origin names another origin.
+        &[("origin", "http://evil.example")],
+        &[("origin", "null")],
+        &[("origin", "http://127.0.0.1:1")],
+    ];
+    let own = base.clone();
+    let served: [&[(&str, &str)]; 4] = [
+        &[],
+        &[("sec-fetch-site", "same-origin"), ("origin", own.as_str())],
+        &[("sec-fetch-site", "none")],
+        &[("origin", own.as_str())],
+    ];
+    for route in routes.iter().chain([&"/api/events".to_owned()]) {
+        for headers in refused {
+            let r = send(&client, "GET", &format!("{base}{route}"), headers, vec![]).await;
+            assert_eq!(r.status, 403, "{route} {headers:?}");
+        }
+    }
+    for route in &routes {
+        for headers in served {
+            let r = send(&client, "GET", &format!("{base}{route}"), headers, vec![]).await;
+            assert_eq!(
+                r.status,
+                200,
+                "{route} {headers:?}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+    }
+    // A link from elsewhere opens the page (its data requests are then same-origin).
+    let navigate = [("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")];
+    assert_eq!(
+        send(&client, "GET", &format!("{base}/"), &navigate, vec![])
+            .await
+            .status,
+        200
+    );
+    // DNS rebinding: another name resolving to this address is refused, whatever the fetch headers say.
+    let rebound = [("host", "evil.example"), ("sec-fetch-site", "same-origin")];
+    assert_eq!(
+        send(&client, "GET", &format!("{base}/api/sessions"), &rebound, vec![])
+            .await
+            .status,
+        403
+    );
+}
+
 fn browser_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
 }

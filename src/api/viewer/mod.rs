@@ -4,7 +4,8 @@
 //!
 //! Store reads run on the API runtime's blocking pool, never on the proxy's. Captured content is sensitive:
 //! every response carries a strict Content-Security-Policy (no inline script, nothing from elsewhere) and
-//! `Cache-Control: no-store`; beyond loopback `[api] token` is required (checked by `app::run`) and presented
+//! `Cache-Control: no-store`; a browser request from another site's page is refused on every API route
+//! (`Sec-Fetch-Site`, else `Origin`); beyond loopback `[api] token` is required (checked by `app::run`) and presented
 //! as a bearer header, or once as `?token=` which becomes an HttpOnly same-site cookie. Without a token, only
 //! requests whose Host is a loopback name are answered (a DNS-rebinding page cannot read the store).
 
@@ -113,14 +114,21 @@ impl Viewer {
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        let mut resp = match self.authorize(&req) {
-            Err((status, message)) => text(status, message),
-            Ok(cookie) => {
-                let mut resp = self.route(&req).await;
-                if let Some(c) = cookie {
-                    set_header(&mut resp, header::SET_COOKIE, &c);
+        let mut resp = if req.uri().path().starts_with("/api/") && is_cross_site(&req) {
+            text(
+                StatusCode::FORBIDDEN,
+                "llmtap viewer: requests from another site's page are refused",
+            )
+        } else {
+            match self.authorize(&req) {
+                Err((status, message)) => text(status, message),
+                Ok(cookie) => {
+                    let mut resp = self.route(&req).await;
+                    if let Some(c) = cookie {
+                        set_header(&mut resp, header::SET_COOKIE, &c);
+                    }
+                    resp
                 }
-                resp
             }
         };
         let h = resp.headers_mut();
@@ -140,13 +148,7 @@ impl Viewer {
     fn authorize(&self, req: &Request<Incoming>) -> Result<Option<String>, (StatusCode, &'static str)> {
         let Some(expected) = &self.token else {
             // No token: loopback only. Refuse other Host names (DNS rebinding).
-            let host = req
-                .headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .or_else(|| req.uri().authority().map(|a| a.as_str()))
-                .unwrap_or("");
-            return if is_loopback_host(host) {
+            return if is_loopback_host(request_host(req)) {
                 Ok(None)
             } else {
                 Err((
@@ -359,6 +361,35 @@ impl Viewer {
         set_header(&mut resp, header::CONTENT_TYPE, "text/event-stream");
         resp
     }
+}
+
+/// Whether a browser sent this request from another site's page (a link, a form, a script, an image there).
+/// Browsers say so in `Sec-Fetch-Site`: only `same-origin` (the viewer's own page) and `none` (typed, a
+/// bookmark) are this viewer's; `same-site` is refused too, since another port of the same host is another
+/// program. Browsers without it send `Origin` on cross-origin fetches: it must name the Host. A client that
+/// sends neither (curl, scripts) is not a browser page and is judged by the token and Host rules alone.
+fn is_cross_site(req: &Request<Incoming>) -> bool {
+    let header = |name: &str| req.headers().get(name).map(|v| v.to_str().unwrap_or(""));
+    if let Some(site) = header("sec-fetch-site") {
+        return !(site.eq_ignore_ascii_case("same-origin") || site.eq_ignore_ascii_case("none"));
+    }
+    let Some(origin) = header("origin") else {
+        return false;
+    };
+    // The viewer speaks plain HTTP; behind a TLS-terminating proxy the page's origin is https.
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    !authority.is_some_and(|a| a.eq_ignore_ascii_case(request_host(req)))
+}
+
+/// The request's Host (HTTP/1.1) or authority (HTTP/2); empty when it names none.
+fn request_host(req: &Request<Incoming>) -> &str {
+    req.headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+        .unwrap_or("")
 }
 
 fn session_query(q: &BTreeMap<String, String>) -> SessionQuery {
