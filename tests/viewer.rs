@@ -384,51 +384,73 @@ async fn viewer_beyond_loopback_requires_the_token() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("viewer"));
 
-    // With a token: refused without it, accepted as ?token= (which sets a cookie) and as a bearer header.
+    // With a token: refused without it; accepted as a bearer header, and as ?token= on the page alone, answered
+    // with a redirect that drops it from the URL and a cookie that is not the token.
     let up = Upstream::start(ReplayOptions::default()).await;
+    let token = "s3cret-viewer";
     let tap = Llmtap::start(
         &upstream_config(
             &up,
-            "[api]\nlisten = \"off\"\ntoken = \"s3cret-viewer\"\n[viewer]\nlisten = \"127.0.0.1:0\"\n",
+            &format!("[api]\nlisten = \"off\"\ntoken = \"{token}\"\n[viewer]\nlisten = \"127.0.0.1:0\"\n"),
         ),
         dir.path(),
     );
     let base = format!("http://{}", tap.viewer_addr.unwrap());
     let client = client();
+    assert_eq!(get(&client, &base, "/api/sessions", &[]).await.status, 401);
+    assert_eq!(get(&client, &base, "/?token=nope", &[]).await.status, 401);
+    let ok = get(&client, &base, &format!("/?token={token}"), &[]).await;
+    assert_eq!(ok.status, 303);
+    assert_eq!(ok.headers["location"], "./");
+    assert_eq!(ok.headers["referrer-policy"], "no-referrer");
+    let cookie = ok.headers["set-cookie"].to_str().unwrap();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age="] {
+        assert!(cookie.contains(attribute), "{attribute}: {cookie}");
+    }
+    assert!(!cookie.contains(token), "the cookie is the token: {cookie}");
+    let pair = cookie.split(';').next().unwrap();
+    let page = get(&client, &base, "/", &[("cookie", pair)]).await;
+    assert_eq!(page.status, 200);
+    assert_eq!(page.headers["referrer-policy"], "no-referrer");
     assert_eq!(
-        send(&client, "GET", &format!("{base}/api/sessions"), &[], vec![])
+        get(&client, &base, "/api/sessions", &[("cookie", pair)]).await.status,
+        200
+    );
+    assert_eq!(
+        get(&client, &base, "/assets/app.js", &[("cookie", pair)]).await.status,
+        200
+    );
+    // The token itself is not a cookie, and ?token= is not taken on any other path.
+    let raw = format!("llmtap_viewer={token}");
+    assert_eq!(
+        get(&client, &base, "/api/sessions", &[("cookie", raw.as_str())])
             .await
             .status,
         401
     );
-    let wrong = send(&client, "GET", &format!("{base}/?token=nope"), &[], vec![]).await;
-    assert_eq!(wrong.status, 401);
-    let ok = send(&client, "GET", &format!("{base}/?token=s3cret-viewer"), &[], vec![]).await;
-    assert_eq!(ok.status, 200);
-    let cookie = ok.headers["set-cookie"].to_str().unwrap();
-    assert!(
-        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
-        "{cookie}"
+    assert_eq!(
+        get(&client, &base, "/api/sessions", &[("cookie", "llmtap_viewer=00")])
+            .await
+            .status,
+        401
     );
-    let pair = cookie.split(';').next().unwrap();
-    let by_cookie = send(
-        &client,
-        "GET",
-        &format!("{base}/api/sessions"),
-        &[("cookie", pair)],
-        vec![],
-    )
-    .await;
-    assert_eq!(by_cookie.status, 200);
-    let bearer = send(
-        &client,
-        "GET",
-        &format!("{base}/api/sessions"),
-        &[("authorization", "Bearer s3cret-viewer")],
-        vec![],
-    )
-    .await;
-    assert_eq!(bearer.status, 200);
+    for path in ["/api/sessions", "/assets/app.js", "/api/export/steps"] {
+        assert_eq!(
+            get(&client, &base, &format!("{path}?token={token}"), &[]).await.status,
+            401,
+            "{path}"
+        );
+    }
+    let bearer = format!("Bearer {token}");
+    assert_eq!(
+        get(&client, &base, "/api/sessions", &[("authorization", bearer.as_str())])
+            .await
+            .status,
+        200
+    );
+    // The cookie does not make a cross-site request acceptable.
+    let cross = [("cookie", pair), ("sec-fetch-site", "cross-site")];
+    assert_eq!(get(&client, &base, "/api/sessions", &cross).await.status, 403);
 }
 
 /// A page on another site that the user visits cannot drive the viewer: cross-site requests are refused on every
@@ -501,6 +523,10 @@ async fn cross_site_requests_to_the_api_are_refused_and_same_origin_ones_served(
             .status,
         403
     );
+}
+
+async fn get(client: &Client, base: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    send(client, "GET", &format!("{base}{path}"), headers, vec![]).await
 }
 
 fn browser_dir() -> PathBuf {
