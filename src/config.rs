@@ -388,6 +388,36 @@ impl ApiToken {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// What a presented token is checked against (the gRPC API, the viewer, `/metrics`).
+    pub fn digest(&self) -> TokenDigest {
+        TokenDigest::of(&self.0)
+    }
+}
+
+/// SHA-256 of the API token: comparing digests in constant time hides both the token's bytes and its length.
+#[derive(Clone, Copy)]
+pub struct TokenDigest([u8; 32]);
+
+impl TokenDigest {
+    fn of(token: &str) -> TokenDigest {
+        use sha2::Digest;
+        TokenDigest(sha2::Sha256::digest(token.trim().as_bytes()).into())
+    }
+
+    /// Whether `presented` is the token, in constant time.
+    pub fn matches(&self, presented: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        bool::from(TokenDigest::of(presented).0.ct_eq(&self.0))
+    }
+
+    /// Whether an `Authorization` value is `Bearer <the token>` (the scheme in any case).
+    pub fn matches_bearer(&self, authorization: &str) -> bool {
+        authorization
+            .trim()
+            .split_once(' ')
+            .is_some_and(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && self.matches(token))
+    }
 }
 
 impl std::fmt::Debug for ApiToken {

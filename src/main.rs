@@ -236,8 +236,10 @@ fn run(cli: Cli) -> Result<()> {
                 }
             })?;
         }
-        Command::Status { addr } => {
-            let text = fetch_metrics(&addr).with_context(|| format!("cannot reach llmtap at {addr}"))?;
+        Command::Status { addr, config } => {
+            let config = load_config(config.as_ref())?.validate()?;
+            let token = config.api.token.as_ref().map(|t| t.expose());
+            let text = fetch_metrics(&addr, token).with_context(|| format!("cannot reach llmtap at {addr}"))?;
             for line in text.lines().filter(|l| !l.starts_with('#')) {
                 println!("{line}");
             }
@@ -246,18 +248,26 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-/// GET /metrics from a running llmtap (hyper's client on a one-off runtime; 5 s to answer).
-fn fetch_metrics(addr: &str) -> Result<String> {
+/// GET /metrics from a running llmtap (hyper's client on a one-off runtime; 5 s to answer), with the API token
+/// as a bearer token when one is configured.
+fn fetch_metrics(addr: &str, token: Option<&str>) -> Result<String> {
     use http_body_util::BodyExt;
     let uri: http::Uri = format!("http://{addr}/metrics")
         .parse()
         .with_context(|| format!("{addr} is not a host:port"))?;
+    let mut request = http::Request::get(uri);
+    if let Some(token) = token {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .context("the [api] token cannot be sent in a header")?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
         let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .build_http::<http_body_util::Empty<bytes::Bytes>>();
         let fetch = async {
-            let response = client.get(uri).await?;
+            let response = client.request(request).await?;
             let status = response.status();
             let body = response.into_body().collect().await?.to_bytes();
             anyhow::ensure!(status.is_success(), "/metrics answered {status}");

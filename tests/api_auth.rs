@@ -1,10 +1,13 @@
 //! The gRPC API's bearer token, through the real binary: every RPC without the token is refused, with it works;
-//! listening beyond loopback without a token refuses to start.
+//! listening beyond loopback without a token refuses to start. The same token guards the proxy port's `/metrics`
+//! when the proxy listens beyond loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -126,4 +129,128 @@ fn api_beyond_loopback_without_a_token_refuses_to_start() {
     // With a token the same listen address is accepted.
     let tap = Llmtap::start("[api]\nlisten = \"0.0.0.0:0\"\ntoken = \"t\"\n", &dir.path().join("ok"));
     assert!(tap.api_addr.is_some());
+}
+
+/// `llmtap serve --listen 0.0.0.0:0` (as the Docker image runs), reached through 127.0.0.1; killed on drop.
+struct AllInterfaces {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl AllInterfaces {
+    fn start(config: &str, data_dir: &std::path::Path) -> AllInterfaces {
+        std::fs::create_dir_all(data_dir).unwrap();
+        let config_path = data_dir.join("llmtap.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut child = llmtap_command()
+            .args(["serve", "--listen", "0.0.0.0:0", "--config"])
+            .arg(&config_path)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx.recv_timeout(Duration::from_secs(20)).expect("llmtap did not start");
+        let listening: SocketAddr = line.trim().rsplit("http://").next().unwrap().parse().expect(&line);
+        assert!(listening.ip().is_unspecified(), "{line}");
+        let addr = SocketAddr::from(([127, 0, 0, 1], listening.port()));
+        AllInterfaces { child, addr }
+    }
+
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        send(
+            &client(),
+            "GET",
+            &format!("http://{}{path}", self.addr),
+            headers,
+            vec![],
+        )
+        .await
+    }
+
+    fn status(&self, env: &[(&str, &str)]) -> std::process::Output {
+        llmtap_command()
+            .args(["status", "--addr", &self.addr.to_string()])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for AllInterfaces {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The proxy listening beyond loopback: `/metrics` (model names, sink errors) answers only to the `[api]` token
+/// as a bearer header, and `llmtap status` sends it (from its config or `LLMTAP_API_TOKEN`); without a token
+/// configured it is not served there at all. Traffic and `/healthz` need no token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_beyond_loopback_answer_only_to_the_token() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = fixture("openai_chat/openllmetry__chat_basic_gzip");
+    let token = "s3cret-metrics";
+    let extra = format!("[api]\nlisten = \"off\"\ntoken = \"{token}\"\n");
+    let tap = AllInterfaces::start(&upstream_config(&up, &extra), &dir.path().join("token"));
+    let proxied = send(
+        &client(),
+        "POST",
+        &format!("http://{}{}", tap.addr, f.client_path),
+        &[("x-replay-fixture", f.name.as_str())],
+        f.request.clone(),
+    )
+    .await;
+    assert_eq!(proxied.status, f.status);
+    assert_eq!(tap.get("/healthz", &[]).await.status, 200);
+    for headers in [
+        &[][..],
+        &[("authorization", "Bearer wrong")],
+        &[("authorization", token)],
+    ] {
+        let r = tap.get("/metrics", headers).await;
+        assert_eq!(r.status, 401, "{headers:?}");
+        assert!(!String::from_utf8_lossy(&r.body).contains("llmtap_"), "{headers:?}");
+    }
+    let bearer = format!("Bearer {token}");
+    let r = tap.get("/metrics", &[("authorization", bearer.as_str())]).await;
+    assert_eq!(r.status, 200);
+    assert!(String::from_utf8_lossy(&r.body).contains("llmtap_requests_total 1"));
+    let refused = tap.status(&[]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("401"), "{refused:?}");
+    let shown = tap.status(&[("LLMTAP_API_TOKEN", token)]);
+    assert!(shown.status.success(), "{shown:?}");
+    assert!(String::from_utf8_lossy(&shown.stdout).contains("llmtap_requests_total 1"));
+    drop(tap);
+
+    // No token configured: the counters stay off the network; traffic flows.
+    let open = AllInterfaces::start(
+        &upstream_config(&up, "[api]\nlisten = \"off\"\n"),
+        &dir.path().join("open"),
+    );
+    let r = open.get("/metrics", &[]).await;
+    assert_eq!(r.status, 403);
+    assert!(!String::from_utf8_lossy(&r.body).contains("llmtap_"));
+    assert_eq!(open.get("/healthz", &[]).await.status, 200);
+    let proxied = send(
+        &client(),
+        "POST",
+        &format!("http://{}{}", open.addr, f.client_path),
+        &[("x-replay-fixture", f.name.as_str())],
+        f.request.clone(),
+    )
+    .await;
+    assert_eq!(proxied.status, f.status);
 }

@@ -384,51 +384,149 @@ async fn viewer_beyond_loopback_requires_the_token() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("viewer"));
 
-    // With a token: refused without it, accepted as ?token= (which sets a cookie) and as a bearer header.
+    // With a token: refused without it; accepted as a bearer header, and as ?token= on the page alone, answered
+    // with a redirect that drops it from the URL and a cookie that is not the token.
     let up = Upstream::start(ReplayOptions::default()).await;
+    let token = "s3cret-viewer";
     let tap = Llmtap::start(
         &upstream_config(
             &up,
-            "[api]\nlisten = \"off\"\ntoken = \"s3cret-viewer\"\n[viewer]\nlisten = \"127.0.0.1:0\"\n",
+            &format!("[api]\nlisten = \"off\"\ntoken = \"{token}\"\n[viewer]\nlisten = \"127.0.0.1:0\"\n"),
         ),
         dir.path(),
     );
     let base = format!("http://{}", tap.viewer_addr.unwrap());
     let client = client();
+    assert_eq!(get(&client, &base, "/api/sessions", &[]).await.status, 401);
+    assert_eq!(get(&client, &base, "/?token=nope", &[]).await.status, 401);
+    let ok = get(&client, &base, &format!("/?token={token}"), &[]).await;
+    assert_eq!(ok.status, 303);
+    assert_eq!(ok.headers["location"], "./");
+    assert_eq!(ok.headers["referrer-policy"], "no-referrer");
+    let cookie = ok.headers["set-cookie"].to_str().unwrap();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age="] {
+        assert!(cookie.contains(attribute), "{attribute}: {cookie}");
+    }
+    assert!(!cookie.contains(token), "the cookie is the token: {cookie}");
+    let pair = cookie.split(';').next().unwrap();
+    let page = get(&client, &base, "/", &[("cookie", pair)]).await;
+    assert_eq!(page.status, 200);
+    assert_eq!(page.headers["referrer-policy"], "no-referrer");
     assert_eq!(
-        send(&client, "GET", &format!("{base}/api/sessions"), &[], vec![])
+        get(&client, &base, "/api/sessions", &[("cookie", pair)]).await.status,
+        200
+    );
+    assert_eq!(
+        get(&client, &base, "/assets/app.js", &[("cookie", pair)]).await.status,
+        200
+    );
+    // The token itself is not a cookie, and ?token= is not taken on any other path.
+    let raw = format!("llmtap_viewer={token}");
+    assert_eq!(
+        get(&client, &base, "/api/sessions", &[("cookie", raw.as_str())])
             .await
             .status,
         401
     );
-    let wrong = send(&client, "GET", &format!("{base}/?token=nope"), &[], vec![]).await;
-    assert_eq!(wrong.status, 401);
-    let ok = send(&client, "GET", &format!("{base}/?token=s3cret-viewer"), &[], vec![]).await;
-    assert_eq!(ok.status, 200);
-    let cookie = ok.headers["set-cookie"].to_str().unwrap();
-    assert!(
-        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
-        "{cookie}"
+    assert_eq!(
+        get(&client, &base, "/api/sessions", &[("cookie", "llmtap_viewer=00")])
+            .await
+            .status,
+        401
     );
-    let pair = cookie.split(';').next().unwrap();
-    let by_cookie = send(
-        &client,
-        "GET",
-        &format!("{base}/api/sessions"),
-        &[("cookie", pair)],
-        vec![],
-    )
-    .await;
-    assert_eq!(by_cookie.status, 200);
-    let bearer = send(
-        &client,
-        "GET",
-        &format!("{base}/api/sessions"),
-        &[("authorization", "Bearer s3cret-viewer")],
-        vec![],
-    )
-    .await;
-    assert_eq!(bearer.status, 200);
+    for path in ["/api/sessions", "/assets/app.js", "/api/export/steps"] {
+        assert_eq!(
+            get(&client, &base, &format!("{path}?token={token}"), &[]).await.status,
+            401,
+            "{path}"
+        );
+    }
+    let bearer = format!("Bearer {token}");
+    assert_eq!(
+        get(&client, &base, "/api/sessions", &[("authorization", bearer.as_str())])
+            .await
+            .status,
+        200
+    );
+    // The cookie does not make a cross-site request acceptable.
+    let cross = [("cookie", pair), ("sec-fetch-site", "cross-site")];
+    assert_eq!(get(&client, &base, "/api/sessions", &cross).await.status, 403);
+}
+
+/// A page on another site that the user visits cannot drive the viewer: cross-site requests are refused on every
+/// API route, by `Sec-Fetch-Site` or, from a browser that does not send it, by `Origin`. The viewer's own page,
+/// a URL typed into the browser and clients sending neither header (curl) are served; so is a link to the page.
+#[tokio::test(flavor = "multi_thread")]
+async fn cross_site_requests_to_the_api_are_refused_and_same_origin_ones_served() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let base = format!("http://{}", tap.viewer_addr.expect("viewer enabled"));
+    let client = client();
+    let f = &session(SESSION)[0];
+    assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, f.status);
+    let trace = tap.wait_for_traces(1).remove(0);
+    let (call, trajectory) = (trace["id"].as_str().unwrap(), trace["trajectory_id"].as_str().unwrap());
+    let routes = [
+        "/api/sessions".to_owned(),
+        format!("/api/sessions/{trajectory}"),
+        format!("/api/trajectories/{trajectory}/steps"),
+        format!("/api/calls/{call}"),
+        format!("/api/export/steps?session={trajectory}"),
+    ];
+    let refused: [&[(&str, &str)]; 5] = [
+        &[("origin", "http://evil.example"), ("sec-fetch-site", "cross-site")],
+        // Another site on this host (another port of 127.0.0.1) or a sibling domain.
+        &[("sec-fetch-site", "same-site")],
+        // A browser without Sec-Fetch-*: its Origin names another origin.
+        &[("origin", "http://evil.example")],
+        &[("origin", "null")],
+        &[("origin", "http://127.0.0.1:1")],
+    ];
+    let own = base.clone();
+    let served: [&[(&str, &str)]; 4] = [
+        &[],
+        &[("sec-fetch-site", "same-origin"), ("origin", own.as_str())],
+        &[("sec-fetch-site", "none")],
+        &[("origin", own.as_str())],
+    ];
+    for route in routes.iter().chain([&"/api/events".to_owned()]) {
+        for headers in refused {
+            let r = send(&client, "GET", &format!("{base}{route}"), headers, vec![]).await;
+            assert_eq!(r.status, 403, "{route} {headers:?}");
+        }
+    }
+    for route in &routes {
+        for headers in served {
+            let r = send(&client, "GET", &format!("{base}{route}"), headers, vec![]).await;
+            assert_eq!(
+                r.status,
+                200,
+                "{route} {headers:?}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+    }
+    // A link from elsewhere opens the page (its data requests are then same-origin).
+    let navigate = [("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")];
+    assert_eq!(
+        send(&client, "GET", &format!("{base}/"), &navigate, vec![])
+            .await
+            .status,
+        200
+    );
+    // DNS rebinding: another name resolving to this address is refused, whatever the fetch headers say.
+    let rebound = [("host", "evil.example"), ("sec-fetch-site", "same-origin")];
+    assert_eq!(
+        send(&client, "GET", &format!("{base}/api/sessions"), &rebound, vec![])
+            .await
+            .status,
+        403
+    );
+}
+
+async fn get(client: &Client, base: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+    send(client, "GET", &format!("{base}{path}"), headers, vec![]).await
 }
 
 fn browser_dir() -> PathBuf {
@@ -592,4 +690,112 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
         .count();
     assert_eq!(count(&after[0]), count(&before[0]) + 1);
     assert_eq!(count(&after[0]), stored);
+}
+
+/// "Copy as curl" of calls whose sender chose a hostile method, header value and body, pasted into bash with a
+/// fake `curl` first on PATH: bash runs that curl and nothing else (a `pwned` command, also on PATH, would leave
+/// a marker), and curl gets exactly the call's method, URL, headers and body bytes (stdin).
+#[tokio::test(flavor = "multi_thread")]
+async fn copy_as_curl_of_a_hostile_call_runs_only_curl_with_the_call_as_sent() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), &dir.path().join("data"));
+    let base = format!("http://{}", tap.viewer_addr.expect("viewer enabled"));
+    let client = client();
+
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let marker = dir.path().join("pwned-marker");
+    let script = |name: &str, text: &str| {
+        let p = bin.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    };
+    script(
+        "curl",
+        "#!/bin/sh\n: > \"$CURL_OUT.args\"\nfor a in \"$@\"; do printf '%s\\0' \"$a\" >> \"$CURL_OUT.args\"; done\n\
+         cat > \"$CURL_OUT.stdin\"\n",
+    );
+    script("pwned", "#!/bin/sh\necho \"$0 $*\" >> \"$MARKER\"\n");
+
+    // (method, content-type, body sent, the body as stored: JSON text, a body that is not JSON as a JSON string)
+    let terminator_body = "line one\nLLMTAP_EOF\npwned\n'$(pwned)' `pwned`\nLLMTAP_EOF";
+    let calls: Vec<(&str, &str, String, String)> = vec![
+        (
+            "X|pwned",
+            "text/plain'; pwned; '",
+            terminator_body.to_owned(),
+            serde_json::to_string(terminator_body).unwrap(),
+        ),
+        (
+            "X`pwned`&pwned&",
+            "application/json",
+            // One line of JSON with a tab, DEL and a C1 control (all valid raw in JSON), quotes, % and \.
+            "{\"m\":\"it's 100% $(pwned) `pwned` \\\\ \\u0041\",\t\"d\":\"\u{7f}\u{9b}\"}".to_owned(),
+            "{\"m\":\"it's 100% $(pwned) `pwned` \\\\ \\u0041\",\t\"d\":\"\u{7f}\u{9b}\"}".to_owned(),
+        ),
+        ("X'|pwned|'", "application/json", "-1\t".to_owned(), "-1\t".to_owned()),
+    ];
+    for (method, content_type, body, _) in &calls {
+        send(
+            &client,
+            method,
+            &tap.url("/anthropic/v1/messages"),
+            &[("content-type", content_type), ("anthropic-version", "2023-06-01")],
+            body.clone().into_bytes(),
+        )
+        .await;
+    }
+    let traces = tap.wait_for_traces(calls.len());
+    let scheme = if up.ca_pem_path.exists() { "https" } else { "http" };
+    let url = format!("{scheme}://127.0.0.1:{}/v1/messages", up.addr.port());
+    for (i, (method, content_type, _, stored)) in calls.iter().enumerate() {
+        let trace = traces.iter().find(|t| t["method"] == *method).expect(method);
+        let call = get_json(&client, &format!("{base}/api/calls/{}", trace["id"].as_str().unwrap())).await;
+        let cmd = call["curl"].as_str().unwrap();
+        assert!(
+            !cmd.chars().any(|c| c.is_control() && c != '\n'),
+            "a control character a terminal would act on: {cmd:?}"
+        );
+        let out_base = dir.path().join(format!("curl-{i}"));
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(dir.path())
+            .env("PATH", path)
+            .env("CURL_OUT", &out_base)
+            .env("MARKER", &marker)
+            .env("ANTHROPIC_API_KEY", "test-key-42")
+            .output()
+            .unwrap();
+        assert!(!marker.exists(), "{method}: an injected command ran: {cmd}");
+        assert!(
+            out.status.success(),
+            "{method}: {cmd}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let args = std::fs::read(out_base.with_extension("args")).unwrap();
+        let args: Vec<String> = args
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8(a.to_vec()).unwrap())
+            .collect();
+        assert_eq!(args[..5], ["-sS", "-X", method, &url, "-H"], "{cmd}");
+        assert_eq!(args[5], "x-api-key: test-key-42", "{cmd}");
+        let (headers, tail) = args[6..].split_at(args.len() - 8);
+        let mut headers: Vec<&str> = headers
+            .chunks(2)
+            .map(|p| {
+                assert_eq!(p[0], "-H", "{cmd}");
+                p[1].as_str()
+            })
+            .collect();
+        headers.sort_unstable();
+        let want_type = format!("content-type: {content_type}");
+        assert_eq!(headers, ["anthropic-version: 2023-06-01", want_type.as_str()], "{cmd}");
+        assert_eq!(tail, ["--data-binary", "@-"], "{cmd}");
+        let stdin = std::fs::read(out_base.with_extension("stdin")).unwrap();
+        assert_eq!(String::from_utf8_lossy(&stdin), *stored, "{cmd}");
+    }
 }

@@ -117,5 +117,9 @@ pub enum Command {
         /// Address of the running llmtap.
         #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
         addr: String,
+        /// Config file (TOML) of the running llmtap: its `[api] token`, sent as a bearer token (a proxy listening
+        /// beyond loopback serves /metrics only with it; LLMTAP_API_TOKEN wins).
+        #[arg(long, short = 'c', env = "LLMTAP_CONFIG")]
+        config: Option<PathBuf>,
     },
 }

@@ -89,6 +89,52 @@ pub struct Proxy {
     limit_log: EpisodeLog,
     /// What the captured copy hides (built-in rule plus `capture.redact_headers`).
     redactor: redact::Redactor,
+    /// Who may read `/metrics`.
+    metrics_access: MetricsAccess,
+}
+
+/// Who may read `/metrics`: model names and sink error strings are not for everyone who can reach the port.
+/// Decided by the address the proxy listens on, as for the API and the viewer (a peer's address says nothing
+/// about who is behind a NAT or a port forward): on loopback, anyone who can reach it; beyond, only callers
+/// sending `Authorization: Bearer <[api] token>`, and nobody when no token is configured.
+enum MetricsAccess {
+    Open,
+    Token(crate::config::TokenDigest),
+    Closed,
+}
+
+impl MetricsAccess {
+    fn new(config: &Config) -> MetricsAccess {
+        match &config.api.token {
+            _ if config.listen.ip().is_loopback() => MetricsAccess::Open,
+            Some(token) => MetricsAccess::Token(token.digest()),
+            None => {
+                tracing::info!(
+                    listen = %config.listen,
+                    "The proxy listens beyond loopback without [api] token: /metrics is not served (403)"
+                );
+                MetricsAccess::Closed
+            }
+        }
+    }
+
+    /// None: allowed; else the refusal.
+    fn refusal(&self, headers: &http::HeaderMap) -> Option<(StatusCode, &'static str)> {
+        match self {
+            MetricsAccess::Open => None,
+            MetricsAccess::Token(digest) => {
+                let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+                (!presented.is_some_and(|v| digest.matches_bearer(v))).then_some((
+                    StatusCode::UNAUTHORIZED,
+                    "llmtap: /metrics beyond loopback needs Authorization: Bearer <[api] token>\n",
+                ))
+            }
+            MetricsAccess::Closed => Some((
+                StatusCode::FORBIDDEN,
+                "llmtap: /metrics is not served beyond loopback without [api] token\n",
+            )),
+        }
+    }
 }
 
 impl Proxy {
@@ -107,6 +153,7 @@ impl Proxy {
             accept_errors: EpisodeLog::default(),
             limit_log: EpisodeLog::default(),
             redactor: redact::Redactor::new(&config.capture.redact_headers),
+            metrics_access: MetricsAccess::new(config),
         })
     }
 
@@ -240,8 +287,7 @@ impl Proxy {
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
-        let path = req.uri().path();
-        if let Some(resp) = self.builtin_endpoint(path) {
+        if let Some(resp) = self.builtin_endpoint(&req) {
             return Ok(resp);
         }
         Ok(match self.forward(req).await {
@@ -251,9 +297,18 @@ impl Proxy {
     }
 
     /// llmtap's own endpoints on the proxy port. These names are reserved for upstreams.
-    fn builtin_endpoint(&self, path: &str) -> Option<Response<ProxyBody>> {
-        let (body, content_type) = match path {
-            "/metrics" => (self.metrics.render_prometheus(), "text/plain; version=0.0.4"),
+    fn builtin_endpoint(&self, req: &Request<Incoming>) -> Option<Response<ProxyBody>> {
+        let (body, content_type) = match req.uri().path() {
+            "/metrics" => match self.metrics_access.refusal(req.headers()) {
+                None => (self.metrics.render_prometheus(), "text/plain; version=0.0.4"),
+                Some((status, message)) => {
+                    let mut resp = Response::new(Either::Right(Full::new(Bytes::from_static(message.as_bytes()))));
+                    *resp.status_mut() = status;
+                    resp.headers_mut()
+                        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                    return Some(resp);
+                }
+            },
             "/healthz" => ("ok\n".to_owned(), "text/plain"),
             _ => return None,
         };

@@ -375,43 +375,107 @@ fn is_secret_header(ctx: &Context, name: &str) -> bool {
 
 /// A curl command repeating the request against the provider. The key is a shell variable placeholder; only
 /// content headers are copied.
+///
+/// Whoever sends a request through the proxy chooses its method, path, headers and body, and the user pastes
+/// this command into a shell: every value from the trace is single-quoted (POSIX), so the shell runs curl and
+/// nothing else. The body reaches curl on stdin from `printf` (a shell builtin: no argument-length limit);
+/// text with control characters goes through printf's octal escapes instead of verbatim, because a terminal
+/// pasting without bracketed paste would act on them (DEL and ^U edit the line, which could open the quote).
 fn curl(ctx: &Context, trace: &ProviderTrace) -> String {
     let base = ctx
         .upstreams
         .get(&trace.upstream)
         .map_or("https://PROVIDER", String::as_str);
     let url = format!("{}{}", base.trim_end_matches('/'), trace.path);
-    let env = format!(
-        "{}_API_KEY",
-        trace.upstream.to_ascii_uppercase().replace(['-', '.'], "_")
-    );
+    let env = key_variable(&trace.upstream);
     let key_header = match trace.api {
-        Api::AnthropicMessages => format!("x-api-key: ${env}"),
-        Api::GeminiGenerateContent => format!("x-goog-api-key: ${env}"),
-        _ => format!("authorization: Bearer ${env}"),
+        Api::AnthropicMessages => "x-api-key",
+        Api::GeminiGenerateContent => "x-goog-api-key",
+        _ => "authorization",
     };
-    let mut cmd = format!(
-        "curl -sS -X {} '{}' \\\n  -H \"{key_header}\"",
-        trace.method,
-        url.replace('\'', "%27")
-    );
+    let key_value = if key_header == "authorization" { "Bearer " } else { "" };
+    let mut cmd = String::new();
+    let body = trace.request.as_str();
+    let has_body = !body.is_empty() && body != "null";
+    if has_body {
+        cmd.push_str("printf ");
+        if body.chars().any(char::is_control) {
+            cmd.push_str(&shell_quote(&printf_format(body)));
+        } else {
+            cmd.push_str("'%s' ");
+            cmd.push_str(&shell_quote(body));
+        }
+        cmd.push_str(" |\n");
+    }
+    // The only expansion: a variable whose name `key_variable` builds from [A-Z0-9_] alone.
+    cmd.push_str(&format!(
+        "curl -sS -X {} {} \\\n  -H \"{key_header}: {key_value}${env}\"",
+        shell_quote(&trace.method),
+        shell_quote(&url)
+    ));
     for (k, v) in &trace.request_headers {
         let lower = k.to_ascii_lowercase();
         if matches!(
             lower.as_str(),
             "content-type" | "anthropic-version" | "anthropic-beta" | "accept"
         ) && !is_secret_header(ctx, &lower)
+            && !v.chars().any(char::is_control)
         {
-            cmd.push_str(&format!(" \\\n  -H '{}: {}'", lower, v.replace('\'', "'\\''")));
+            cmd.push_str(" \\\n  -H ");
+            cmd.push_str(&shell_quote(&format!("{lower}: {v}")));
         }
     }
-    let body = trace.request.as_str();
-    if !body.is_empty() && body != "null" {
-        cmd.push_str(" \\\n  --data-binary @- <<'LLMTAP_EOF'\n");
-        cmd.push_str(body);
-        cmd.push_str("\nLLMTAP_EOF");
+    if has_body {
+        cmd.push_str(" \\\n  --data-binary @-");
     }
     cmd
+}
+
+/// `text` as one POSIX shell word that the shell takes literally: in single quotes, each `'` written `'\''`.
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+/// A printf format printing `text` exactly: `\` and `%` escaped, every byte of a control character (C0, DEL,
+/// C1) as an octal escape, so the command holds no control character; a leading `-` too (printf would take the
+/// format for an option).
+fn printf_format(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    for (i, c) in text.chars().enumerate() {
+        match c {
+            '-' if i == 0 => out.push_str("\\055"),
+            '\\' => out.push_str("\\\\"),
+            '%' => out.push_str("%%"),
+            c if c.is_control() => {
+                let mut utf8 = [0u8; 4];
+                for b in c.encode_utf8(&mut utf8).bytes() {
+                    out.push_str(&format!("\\{b:03o}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The shell variable standing for an upstream's key: `<UPSTREAM>_API_KEY`, every other character `_`.
+fn key_variable(upstream: &str) -> String {
+    let name: String = upstream
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    // A leading digit would read as a positional parameter.
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        format!("_{name}_API_KEY")
+    } else {
+        format!("{name}_API_KEY")
+    }
 }
 
 /// The viewer's download URL for each `llmtap export --format` format of a session.
@@ -541,6 +605,42 @@ mod tests {
         run: Option<usize>,
     ) -> (String, Option<String>, usize, Option<usize>) {
         (id.into(), under.map(str::to_owned), depth, run)
+    }
+
+    /// Both ways of writing a body, run by the system's POSIX `sh` (dash on Debian, not bash): each prints the
+    /// text exactly, and the command holds no control character.
+    #[test]
+    fn quoted_and_printf_escaped_text_reads_back_exactly_in_a_posix_shell() {
+        let texts = [
+            "plain {\"json\": 1}",
+            "it's '$(touch x)' `touch x` $HOME \\ %s %% \\n",
+            "-n leading dash",
+            "-1\t",
+            "line\nLLMTAP_EOF\nEOF\n",
+            "del \u{7f} c1 \u{9b} bell \u{7} nul-free \u{1b}[201~ end",
+            "'",
+            "",
+        ];
+        for text in texts {
+            let commands = [
+                format!("printf '%s' {}", shell_quote(text)),
+                format!("printf {}", shell_quote(&printf_format(text))),
+            ];
+            for (i, cmd) in commands.iter().enumerate() {
+                if i == 1 || !text.chars().any(char::is_control) {
+                    assert!(!cmd.chars().any(char::is_control), "{cmd:?}");
+                }
+                let out = std::process::Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+                assert!(
+                    out.status.success(),
+                    "{cmd:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                assert_eq!(String::from_utf8_lossy(&out.stdout), text, "{cmd:?}");
+            }
+        }
+        assert_eq!(key_variable("my.proxy-1"), "MY_PROXY_1_API_KEY");
+        assert_eq!(key_variable("9$(x)"), "_9__X__API_KEY");
     }
 
     #[test]

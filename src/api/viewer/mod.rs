@@ -3,10 +3,13 @@
 //! server-sent events bridged from the pipeline's live feed so that open pages update without a reload.
 //!
 //! Store reads run on the API runtime's blocking pool, never on the proxy's. Captured content is sensitive:
-//! every response carries a strict Content-Security-Policy (no inline script, nothing from elsewhere) and
-//! `Cache-Control: no-store`; beyond loopback `[api] token` is required (checked by `app::run`) and presented
-//! as a bearer header, or once as `?token=` which becomes an HttpOnly same-site cookie. Without a token, only
-//! requests whose Host is a loopback name are answered (a DNS-rebinding page cannot read the store).
+//! every response carries a strict Content-Security-Policy (no inline script, nothing from elsewhere),
+//! `Referrer-Policy: no-referrer` and `Cache-Control: no-store`; a browser request from another site's page is
+//! refused on every API route (`Sec-Fetch-Site`, else `Origin`). Beyond loopback `[api] token` is required
+//! (checked by `app::run`) and presented as a bearer header, or as `/?token=` on the page alone, answered with a
+//! redirect that drops it from the URL and an HttpOnly same-site cookie derived from the token (not the token).
+//! Without a token, only requests whose Host is a loopback name are answered (a DNS-rebinding page cannot read
+//! the store).
 
 pub mod data;
 
@@ -40,6 +43,8 @@ const APP_CSS: &str = include_str!("assets/app.css");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 const COOKIE: &str = "llmtap_viewer";
+/// How long the cookie lasts; then the page is opened with `?token=` again.
+const COOKIE_MAX_AGE_SECS: u64 = 30 * 24 * 3600;
 /// Sessions per page of the list, steps per page of a trajectory.
 const SESSION_PAGE: u32 = 50;
 const STEP_PAGE: u32 = 100;
@@ -54,7 +59,7 @@ pub struct Viewer {
     data_dir: PathBuf,
     live: LiveTx,
     ctx: Arc<data::Context>,
-    token: Option<[u8; 32]>,
+    token: Option<Credentials>,
     event_slots: Arc<Semaphore>,
     metrics: Arc<Metrics>,
     errors: EpisodeLog,
@@ -73,7 +78,10 @@ impl Viewer {
                     .collect::<BTreeMap<_, _>>(),
                 redactor: crate::proxy::redact::Redactor::new(&config.capture.redact_headers),
             }),
-            token: config.api.token.as_ref().map(|t| super::auth::digest(t.expose())),
+            token: config.api.token.as_ref().map(|t| Credentials {
+                token: t.digest(),
+                cookie: super::auth::viewer_cookie(t),
+            }),
             event_slots: Arc::new(Semaphore::new(MAX_EVENT_STREAMS)),
             metrics,
             errors: EpisodeLog::default(),
@@ -113,14 +121,23 @@ impl Viewer {
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        let mut resp = match self.authorize(&req) {
-            Err((status, message)) => text(status, message),
-            Ok(cookie) => {
-                let mut resp = self.route(&req).await;
-                if let Some(c) = cookie {
-                    set_header(&mut resp, header::SET_COOKIE, &c);
+        let mut resp = if req.uri().path().starts_with("/api/") && is_cross_site(&req) {
+            text(
+                StatusCode::FORBIDDEN,
+                "llmtap viewer: requests from another site's page are refused",
+            )
+        } else {
+            match self.authorize(&req) {
+                Err((status, message)) => text(status, message),
+                Ok(Access::Granted) => self.route(&req).await,
+                Ok(Access::TokenInUrl(cookie)) => {
+                    // Back to the page without the token in its URL (history, logs); relative, so a viewer
+                    // behind a path prefix stays under it. The fragment (the page's route) is kept by the browser.
+                    let mut resp = text(StatusCode::SEE_OTHER, "");
+                    set_header(&mut resp, header::LOCATION, "./");
+                    set_header(&mut resp, header::SET_COOKIE, &cookie);
+                    resp
                 }
-                resp
             }
         };
         let h = resp.headers_mut();
@@ -136,18 +153,12 @@ impl Viewer {
         resp
     }
 
-    /// Ok(Some(cookie)) when a `?token=` was accepted and should become a cookie; Err: the refusal.
-    fn authorize(&self, req: &Request<Incoming>) -> Result<Option<String>, (StatusCode, &'static str)> {
+    /// Whether the request may be answered; Err: the refusal.
+    fn authorize(&self, req: &Request<Incoming>) -> Result<Access, (StatusCode, &'static str)> {
         let Some(expected) = &self.token else {
             // No token: loopback only. Refuse other Host names (DNS rebinding).
-            let host = req
-                .headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .or_else(|| req.uri().authority().map(|a| a.as_str()))
-                .unwrap_or("");
-            return if is_loopback_host(host) {
-                Ok(None)
+            return if is_loopback_host(request_host(req)) {
+                Ok(Access::Granted)
             } else {
                 Err((
                     StatusCode::FORBIDDEN,
@@ -155,40 +166,38 @@ impl Viewer {
                 ))
             };
         };
+        // `?token=` only on the page: anywhere else it would sit in URLs the page loads, Referers and logs.
+        if req.uri().path() == "/"
+            && let Some(t) = query_params(req.uri().query()).get("token")
+        {
+            if expected.token.matches(t) {
+                return Ok(Access::TokenInUrl(format!(
+                    "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={COOKIE_MAX_AGE_SECS}",
+                    expected.cookie
+                )));
+            }
+            self.metrics.api_unauthenticated.inc();
+            return Err(UNAUTHORIZED);
+        }
         let bearer = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t.to_owned());
-        let cookie = req
-            .headers()
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .filter_map(|c| c.trim().split_once('='))
-            .find(|(k, _)| *k == COOKIE)
-            .map(|(_, v)| v.to_owned());
-        if [bearer, cookie]
-            .iter()
-            .flatten()
-            .any(|t| super::auth::token_matches(expected, t))
-        {
-            return Ok(None);
-        }
-        let query = query_params(req.uri().query());
-        if let Some(t) = query.get("token")
-            && super::auth::token_matches(expected, t)
-        {
-            return Ok(Some(format!("{COOKIE}={t}; HttpOnly; SameSite=Strict; Path=/")));
+            .is_some_and(|v| expected.token.matches_bearer(v));
+        let cookie = || {
+            req.headers()
+                .get_all(header::COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(';'))
+                .filter_map(|c| c.trim().split_once('='))
+                .any(|(k, v)| k == COOKIE && super::auth::cookie_matches(&expected.cookie, v))
+        };
+        if bearer || cookie() {
+            return Ok(Access::Granted);
         }
         self.metrics.api_unauthenticated.inc();
-        Err((
-            StatusCode::UNAUTHORIZED,
-            "llmtap viewer: open it once as /?token=<[api] token> (or send Authorization: Bearer <token>)",
-        ))
+        Err(UNAUTHORIZED)
     }
 
     async fn route(&self, req: &Request<Incoming>) -> Response<Body> {
@@ -359,6 +368,54 @@ impl Viewer {
         set_header(&mut resp, header::CONTENT_TYPE, "text/event-stream");
         resp
     }
+}
+
+/// The viewer's checks of a request when `[api] token` is set.
+struct Credentials {
+    token: crate::config::TokenDigest,
+    /// The cookie's value (`auth::viewer_cookie`).
+    cookie: String,
+}
+
+/// What `authorize` allows.
+enum Access {
+    Granted,
+    /// The page was opened with the right `?token=`: redirect without it, setting this cookie.
+    TokenInUrl(String),
+}
+
+const UNAUTHORIZED: (StatusCode, &str) = (
+    StatusCode::UNAUTHORIZED,
+    "llmtap viewer: open it once as /?token=<[api] token> (or send Authorization: Bearer <token>)",
+);
+
+/// Whether a browser sent this request from another site's page (a link, a form, a script, an image there).
+/// Browsers say so in `Sec-Fetch-Site`: only `same-origin` (the viewer's own page) and `none` (typed, a
+/// bookmark) are this viewer's; `same-site` is refused too, since another port of the same host is another
+/// program. Browsers without it send `Origin` on cross-origin fetches: it must name the Host. A client that
+/// sends neither (curl, scripts) is not a browser page and is judged by the token and Host rules alone.
+fn is_cross_site(req: &Request<Incoming>) -> bool {
+    let header = |name: &str| req.headers().get(name).map(|v| v.to_str().unwrap_or(""));
+    if let Some(site) = header("sec-fetch-site") {
+        return !(site.eq_ignore_ascii_case("same-origin") || site.eq_ignore_ascii_case("none"));
+    }
+    let Some(origin) = header("origin") else {
+        return false;
+    };
+    // The viewer speaks plain HTTP; behind a TLS-terminating proxy the page's origin is https.
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    !authority.is_some_and(|a| a.eq_ignore_ascii_case(request_host(req)))
+}
+
+/// The request's Host (HTTP/1.1) or authority (HTTP/2); empty when it names none.
+fn request_host(req: &Request<Incoming>) -> &str {
+    req.headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+        .unwrap_or("")
 }
 
 fn session_query(q: &BTreeMap<String, String>) -> SessionQuery {
