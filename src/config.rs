@@ -17,6 +17,16 @@ pub enum ApiFamily {
     Openai,
     Anthropic,
     Gemini,
+    /// AWS Bedrock runtime (`bedrock-runtime.{region}.amazonaws.com`): InvokeModel with Anthropic bodies, Converse.
+    Bedrock,
+    /// Bedrock Mantle (`bedrock-mantle.{region}.api.aws`): Anthropic Messages and OpenAI Chat / Responses.
+    #[serde(rename = "bedrock-mantle")]
+    BedrockMantle,
+    /// Google Vertex AI (`{region}-aiplatform.googleapis.com`): Claude (rawPredict) and Gemini.
+    Vertex,
+    /// Azure OpenAI (`{resource}.openai.azure.com`): deployments and the `/openai/v1` API.
+    #[serde(rename = "azure-openai")]
+    AzureOpenai,
 }
 
 impl ApiFamily {
@@ -25,6 +35,10 @@ impl ApiFamily {
             ApiFamily::Openai => "openai",
             ApiFamily::Anthropic => "anthropic",
             ApiFamily::Gemini => "gemini",
+            ApiFamily::Bedrock => "bedrock",
+            ApiFamily::BedrockMantle => "bedrock-mantle",
+            ApiFamily::Vertex => "vertex",
+            ApiFamily::AzureOpenai => "azure-openai",
         }
     }
 }

@@ -17,7 +17,7 @@ pub fn price(table: &CostTable, trace: &mut ProviderTrace, call: Option<&Normali
     trace.cost = match (&trace.usage, model.is_empty()) {
         (Some(usage), false) => table
             .cost(
-                crate::provider::otel_provider_name(trace.api, &trace.upstream),
+                crate::provider::otel_provider_name(trace.api, &trace.upstream, &trace.path),
                 model,
                 trace.timings.start,
                 usage,

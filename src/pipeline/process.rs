@@ -9,7 +9,7 @@ use crate::capture::{Captured, Outcome, RawExchange, decode::decode_body};
 use crate::model::call::NormalizedCall;
 use crate::model::json::{Json, JsonText};
 use crate::model::trace::{CallFacts, ProviderTrace};
-use crate::provider::{CallContext, adapter_for};
+use crate::provider::{CallContext, adapter_for, eventstream};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
@@ -17,6 +17,13 @@ pub enum ProcessError {
     Body { id: String, what: String },
     #[error("exchange {id}: a body decodes to more than the capture cap ({cap} bytes); kept cut at the cap")]
     DecodedOverCap { id: String, cap: usize },
+    /// A Bedrock stream's binary framing is cut or damaged: the events before the damage are kept.
+    #[error("exchange {id}: {source}")]
+    EventStream {
+        id: String,
+        #[source]
+        source: crate::provider::eventstream::EventStreamError,
+    },
     #[error("exchange {id}: {source}")]
     Adapter {
         id: String,
@@ -108,7 +115,29 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
     };
     let mut reassembled: Option<Value> = None;
     let mut raw_response = None;
-    if let Some(resp) = &ex.response {
+    let mut damaged_stream = false;
+    if let Some(resp) = &ex.response
+        && resp
+            .header("content-type")
+            .is_some_and(|t| t.to_ascii_lowercase().contains("application/vnd.amazon.eventstream"))
+    {
+        // Bedrock's binary event-stream: decoded into the events the adapter reassembles; the trace keeps them
+        // as SSE text (the raw bytes are binary framing with checksums, of no use to a reader).
+        let (messages, damage) = eventstream::decode(&response_body);
+        if let Some(source) = damage {
+            errors.push(ProcessError::EventStream { id: id.clone(), source });
+            damaged_stream = true;
+        }
+        let events = eventstream::events(&messages);
+        reassembled = Some(match adapter {
+            Some(a) => a.reassemble(&events).unwrap_or_else(|source| {
+                errors.push(ProcessError::Adapter { id: id.clone(), source });
+                Value::Null
+            }),
+            None => Value::Null,
+        });
+        raw_response = Some(eventstream::to_sse_text(&events));
+    } else if let Some(resp) = &ex.response {
         let text = match std::str::from_utf8(&response_body) {
             Ok(t) => std::borrow::Cow::Borrowed(t),
             Err(_) => String::from_utf8_lossy(&response_body),
@@ -138,6 +167,10 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         }
     }
     let streamed = reassembled.is_some();
+    // A damaged stream was forwarded as it came; what the capture holds of it is cut at the damage.
+    if damaged_stream && ex.outcome == Outcome::Complete {
+        ex.outcome = Outcome::Truncated;
+    }
     if truncated {
         errors.push(ProcessError::DecodedOverCap { id: id.clone(), cap });
         if ex.outcome == Outcome::Complete {
