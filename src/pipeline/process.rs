@@ -40,7 +40,7 @@ pub struct Processed {
     pub errors: Vec<ProcessError>,
 }
 
-fn decoded_text(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> String {
+fn decoded_bytes(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Vec<u8> {
     let raw = c.body_bytes();
     let bytes = match decode_body(c.header("content-encoding"), raw, cap) {
         Ok(decoded) => {
@@ -55,14 +55,12 @@ fn decoded_text(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessErro
             c.body_bytes()
         }
     };
-    match String::from_utf8(bytes) {
-        Ok(s) => s,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    }
+    bytes
 }
 
 /// The body as one buffer: the captured frame itself when it is a single uncompressed one (no copy), else the
-/// frames decoded and joined.
+/// frames decoded and joined; text bodies as UTF-8 (invalid sequences replaced), a binary body (Bedrock's
+/// event-stream framing) byte for byte.
 fn body_buffer(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Bytes {
     let identity = c
         .header("content-encoding")
@@ -70,7 +68,19 @@ fn body_buffer(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError
     if identity && c.body.len() == 1 {
         return c.body[0].clone();
     }
-    Bytes::from(decoded_text(c, id, cap, errors, truncated))
+    let bytes = decoded_bytes(c, id, cap, errors, truncated);
+    if is_event_stream(c) {
+        return Bytes::from(bytes);
+    }
+    Bytes::from(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+fn is_event_stream(c: &Captured) -> bool {
+    c.header("content-type")
+        .is_some_and(|t| t.to_ascii_lowercase().contains("application/vnd.amazon.eventstream"))
 }
 
 /// A body read without building a `Value`: a borrowed view for the adapter and the text to keep. A body that
@@ -117,9 +127,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
     let mut raw_response = None;
     let mut damaged_stream = false;
     if let Some(resp) = &ex.response
-        && resp
-            .header("content-type")
-            .is_some_and(|t| t.to_ascii_lowercase().contains("application/vnd.amazon.eventstream"))
+        && is_event_stream(resp)
     {
         // Bedrock's binary event-stream: decoded into the events the adapter reassembles; the trace keeps them
         // as SSE text (the raw bytes are binary framing with checksums, of no use to a reader).

@@ -66,6 +66,16 @@ pub fn model_from_path(path: &str) -> Option<String> {
     (!model.is_empty()).then(|| model.into_owned())
 }
 
+/// The model a call is billed as, when the path says more than the response: a Bedrock model id carries the
+/// geography of its inference profile (`global.`, `us.`, ...), which sets the price, while the response names
+/// only the vendor's model. None for other paths and for ARNs (an application profile names no model).
+pub fn billed_model(path: &str) -> Option<String> {
+    let path = path.split('?').next().unwrap_or(path);
+    let (model, _) = bedrock_action(path)?;
+    let model = percent_encoding::percent_decode_str(model).decode_utf8_lossy();
+    (!model.is_empty() && !model.starts_with("arn:")).then(|| model.into_owned())
+}
+
 /// `gen_ai.provider.name` (OpenTelemetry well-known values) of a call whose path is unmistakably a cloud's:
 /// `aws.bedrock`, `gcp.vertex_ai`, `azure.ai.openai`. Mantle's Anthropic path counts as Bedrock (Anthropic's
 /// own API has no `/anthropic/` segment). Paths shared with OpenAI's own API (`/v1/chat/completions` on Mantle,
@@ -169,6 +179,12 @@ mod tests {
             Some("global.anthropic.claude-sonnet-4-5-20250929-v1:0")
         );
         assert_eq!(provider_of_path(&format!("/model/{id}/converse")), Some("aws.bedrock"));
+        assert_eq!(
+            billed_model("/model/global.anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke?x=1").as_deref(),
+            Some("global.anthropic.claude-sonnet-4-5-20250929-v1:0")
+        );
+        assert_eq!(billed_model("/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A1%3Aapplication-inference-profile%2Fa/invoke"), None);
+        assert_eq!(billed_model("/v1/projects/p/locations/l/publishers/anthropic/models/m:rawPredict"), None);
     }
 
     #[test]
