@@ -9,8 +9,8 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::cloud::*;
 use common::clients::files_containing;
+use common::cloud::*;
 use common::*;
 use llmtap::capture::{Captured, ExchangeMeta, Outcome, RawExchange, Timings};
 use llmtap::config::ApiFamily;
@@ -151,7 +151,10 @@ fn usage_and_model_follow_the_wire_fields() {
         call.model_requested.as_deref(),
         Some("us.anthropic.claude-sonnet-4-5-20250929-v1:0")
     );
-    assert_eq!(call.output.tool_calls[0].arguments, json!({"location": "San Francisco, CA"}));
+    assert_eq!(
+        call.output.tool_calls[0].arguments,
+        json!({"location": "San Francisco, CA"})
+    );
     assert_eq!(
         llmtap::provider::otel_provider_name(p.trace.api, &p.trace.upstream, &p.trace.path),
         "aws.bedrock"
@@ -168,7 +171,11 @@ fn usage_and_model_follow_the_wire_fields() {
     // Priced as the path's model: a global profile costs less than the regional one the response names.
     let f = cloud_fixture("bedrock/invoke_tool_use");
     let regional = processed(&f, &f.body).trace.cost.unwrap();
-    assert_eq!(regional.input.to_string(), "0.0012672", "384 uncached × $3.30/Mtok (regional)");
+    assert_eq!(
+        regional.input.to_string(),
+        "0.0012672",
+        "384 uncached × $3.30/Mtok (regional)"
+    );
     let mut global = f.clone();
     global.path = f.path.replace("/model/us.", "/model/global.");
     let global = processed(&global, &f.body).trace.cost.unwrap();
@@ -279,7 +286,12 @@ async fn cloud_routes_through_the_binary_forward_unchanged_and_capture_priced_ca
             .unwrap_or_else(|| panic!("no trace for {}", f.name));
         assert_eq!(t["outcome"], "complete", "{}: {t:#}", f.name);
         assert_eq!(t["api"], want.trace.api.as_str(), "{}", f.name);
-        assert_eq!(t["usage"], serde_json::to_value(want.trace.usage).unwrap(), "{}", f.name);
+        assert_eq!(
+            t["usage"],
+            serde_json::to_value(want.trace.usage).unwrap(),
+            "{}",
+            f.name
+        );
         assert_eq!(t["model"], json!(want.trace.model), "{}", f.name);
         // Priced when the golden call is (the amount depends on the day: prices change).
         assert_eq!(
@@ -291,11 +303,11 @@ async fn cloud_routes_through_the_binary_forward_unchanged_and_capture_priced_ca
     }
     // The Azure key reached the upstream and nothing of either key reached llmtap's files.
     let received = up.received.lock().unwrap().clone();
-    assert!(
-        received
-            .iter()
-            .any(|r| r.headers.get("api-key").is_some_and(|v| v == "azure-CLIENTSECRET-0123456789"))
-    );
+    assert!(received.iter().any(|r| {
+        r.headers
+            .get("api-key")
+            .is_some_and(|v| v == "azure-CLIENTSECRET-0123456789")
+    }));
     assert_eq!(
         files_containing(&tap.data_dir, "CLIENTSECRET"),
         Vec::<std::path::PathBuf>::new()
@@ -309,20 +321,26 @@ async fn a_damaged_bedrock_stream_reaches_the_client_unchanged_and_its_capture_i
     let first = u32::from_be_bytes(bad_crc[..4].try_into().unwrap()) as usize;
     bad_crc[first - 5] ^= 1;
     let cut = f.body[..f.body.len() - 9].to_vec();
-    let up = serve_cloud(
-        vec![f.clone()],
-        HashMap::from([(f.name.clone(), bad_crc.clone())]),
-    )
-    .await;
+    let up = serve_cloud(vec![f.clone()], HashMap::from([(f.name.clone(), bad_crc.clone())])).await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&cloud_routes(&up), dir.path());
     let client = client();
     let url = tap.url(&format!("/bedrock{}", f.path));
-    let reply = send(&client, "POST", &url, &[("content-type", "application/json")], f.request.clone()).await;
+    let reply = send(
+        &client,
+        "POST",
+        &url,
+        &[("content-type", "application/json")],
+        f.request.clone(),
+    )
+    .await;
     assert_eq!(reply.body, bad_crc, "forwarded byte for byte, damage included");
     let traces = tap.wait_for_traces(1);
     assert_eq!(traces[0]["outcome"], "truncated", "{:#}", traces[0]);
-    assert_eq!(traces[0]["usage"]["output"], 83, "what came after the damaged message is kept");
+    assert_eq!(
+        traces[0]["usage"]["output"], 83,
+        "what came after the damaged message is kept"
+    );
     assert!(tap.metric("llmtap_process_errors_total") >= 1);
     drop(tap);
 
@@ -331,7 +349,14 @@ async fn a_damaged_bedrock_stream_reaches_the_client_unchanged_and_its_capture_i
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&cloud_routes(&up), dir.path());
     let url = tap.url(&format!("/bedrock{}", f.path));
-    let reply = send(&client, "POST", &url, &[("content-type", "application/json")], f.request.clone()).await;
+    let reply = send(
+        &client,
+        "POST",
+        &url,
+        &[("content-type", "application/json")],
+        f.request.clone(),
+    )
+    .await;
     assert_eq!(reply.body, cut);
     let traces = tap.wait_for_traces(1);
     assert_eq!(traces[0]["outcome"], "truncated", "{:#}", traces[0]);

@@ -42,7 +42,7 @@ pub struct Processed {
 
 fn decoded_bytes(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Vec<u8> {
     let raw = c.body_bytes();
-    let bytes = match decode_body(c.header("content-encoding"), raw, cap) {
+    match decode_body(c.header("content-encoding"), raw, cap) {
         Ok(decoded) => {
             *truncated |= decoded.truncated;
             decoded.bytes
@@ -54,8 +54,7 @@ fn decoded_bytes(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessErr
             });
             c.body_bytes()
         }
-    };
-    bytes
+    }
 }
 
 /// The body as one buffer: the captured frame itself when it is a single uncompressed one (no copy), else the

@@ -126,7 +126,11 @@ impl ProviderAdapter for BedrockConverse {
             finish_tool_input(&mut blocks, &mut tool_input, i);
         }
         // The non-streamed response's shape: output.message first, then stopReason, usage, metrics.
-        let content: Vec<Value> = blocks.into_iter().filter(|b| !b.is_empty()).map(Value::Object).collect();
+        let content: Vec<Value> = blocks
+            .into_iter()
+            .filter(|b| !b.is_empty())
+            .map(Value::Object)
+            .collect();
         let mut out = Map::new();
         if role.is_some() || !content.is_empty() {
             out.insert(
@@ -178,7 +182,10 @@ impl ProviderAdapter for BedrockConverse {
 
         let mut output = Output::default();
         let mut reasoning = Vec::new();
-        let content = resp.get("output").and_then(|o| o.get("message")).and_then(|m| m.get("content"));
+        let content = resp
+            .get("output")
+            .and_then(|o| o.get("message"))
+            .and_then(|m| m.get("content"));
         for part in content.map(blocks_to_parts).unwrap_or_default() {
             match part {
                 Part::Text { text } => output.text.get_or_insert_with(String::new).push_str(&text),
@@ -187,11 +194,10 @@ impl ProviderAdapter for BedrockConverse {
                 _ => {}
             }
         }
-        output.reasoning_redacted = content
-            .and_then(Json::as_array)
-            .into_iter()
-            .flatten()
-            .any(|b| b.get("reasoningContent").is_some_and(|r| r.get("redactedContent").is_some()));
+        output.reasoning_redacted = content.and_then(Json::as_array).into_iter().flatten().any(|b| {
+            b.get("reasoningContent")
+                .is_some_and(|r| r.get("redactedContent").is_some())
+        });
         output.reasoning = join_nonempty(reasoning, "\n");
         let provider_finish = resp.owned_str("stopReason");
         let error = error_from_body(resp, ctx.status).or_else(|| bare_message_error(resp, ctx.status));

@@ -117,9 +117,7 @@ fn is_anthropic_on_bedrock(model: &str) -> bool {
     }
     let mut parts = model.split('.');
     let vendor = match (parts.next(), parts.next()) {
-        (Some(geo), Some(vendor)) if matches!(geo, "us" | "eu" | "apac" | "au" | "jp" | "ca" | "us-gov" | "global") => {
-            vendor
-        }
+        (Some("us" | "eu" | "apac" | "au" | "jp" | "ca" | "us-gov" | "global"), Some(vendor)) => vendor,
         (Some(vendor), _) => vendor,
         _ => "",
     };
@@ -151,13 +149,28 @@ mod tests {
         let id = "us.anthropic.claude-sonnet-4-5-20250929-v1:0";
         assert_eq!(detect(b, &format!("/model/{id}/invoke")), Some(Api::AnthropicMessages));
         assert_eq!(
-            detect(b, "/model/global.anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke-with-response-stream"),
+            detect(
+                b,
+                "/model/global.anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke-with-response-stream"
+            ),
             Some(Api::AnthropicMessages)
         );
-        assert_eq!(detect(b, &format!("/model/{id}/converse-stream")), Some(Api::BedrockConverse));
-        assert_eq!(detect(b, "/model/amazon.nova-pro-v1:0/converse"), Some(Api::BedrockConverse));
-        assert_eq!(detect(b, "/model/meta.llama3-70b-instruct-v1:0/invoke"), Some(Api::Other));
-        assert_eq!(detect(b, "/model/us.meta.llama3-2-90b-instruct-v1:0/invoke"), Some(Api::Other));
+        assert_eq!(
+            detect(b, &format!("/model/{id}/converse-stream")),
+            Some(Api::BedrockConverse)
+        );
+        assert_eq!(
+            detect(b, "/model/amazon.nova-pro-v1:0/converse"),
+            Some(Api::BedrockConverse)
+        );
+        assert_eq!(
+            detect(b, "/model/meta.llama3-70b-instruct-v1:0/invoke"),
+            Some(Api::Other)
+        );
+        assert_eq!(
+            detect(b, "/model/us.meta.llama3-2-90b-instruct-v1:0/invoke"),
+            Some(Api::Other)
+        );
         assert_eq!(
             detect(
                 b,
@@ -183,8 +196,14 @@ mod tests {
             billed_model("/model/global.anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke?x=1").as_deref(),
             Some("global.anthropic.claude-sonnet-4-5-20250929-v1:0")
         );
-        assert_eq!(billed_model("/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A1%3Aapplication-inference-profile%2Fa/invoke"), None);
-        assert_eq!(billed_model("/v1/projects/p/locations/l/publishers/anthropic/models/m:rawPredict"), None);
+        assert_eq!(
+            billed_model("/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A1%3Aapplication-inference-profile%2Fa/invoke"),
+            None
+        );
+        assert_eq!(
+            billed_model("/v1/projects/p/locations/l/publishers/anthropic/models/m:rawPredict"),
+            None
+        );
     }
 
     #[test]
@@ -192,7 +211,10 @@ mod tests {
         let v = ApiFamily::Vertex;
         let base = "/v1/projects/my-proj/locations/us-east5/publishers";
         assert_eq!(
-            detect(v, &format!("{base}/anthropic/models/claude-sonnet-4-5@20250929:streamRawPredict")),
+            detect(
+                v,
+                &format!("{base}/anthropic/models/claude-sonnet-4-5@20250929:streamRawPredict")
+            ),
             Some(Api::AnthropicMessages)
         );
         assert_eq!(
@@ -204,7 +226,10 @@ mod tests {
             Some(Api::Other)
         );
         assert_eq!(
-            model_from_path(&format!("{base}/anthropic/models/claude-sonnet-4-5@20250929:rawPredict")).as_deref(),
+            model_from_path(&format!(
+                "{base}/anthropic/models/claude-sonnet-4-5@20250929:rawPredict"
+            ))
+            .as_deref(),
             Some("claude-sonnet-4-5@20250929")
         );
         assert_eq!(

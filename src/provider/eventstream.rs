@@ -34,12 +34,20 @@ pub enum EventStreamError {
         needed: usize,
         available: usize,
     },
-    #[error("event stream message at byte {offset}: prelude CRC mismatch (stated {stated:#010x}, computed {computed:#010x})")]
+    #[error(
+        "event stream message at byte {offset}: prelude CRC mismatch (stated {stated:#010x}, computed {computed:#010x})"
+    )]
     PreludeCrc { offset: usize, stated: u32, computed: u32 },
-    #[error("event stream message at byte {offset}: message CRC mismatch (stated {stated:#010x}, computed {computed:#010x})")]
+    #[error(
+        "event stream message at byte {offset}: message CRC mismatch (stated {stated:#010x}, computed {computed:#010x})"
+    )]
     MessageCrc { offset: usize, stated: u32, computed: u32 },
     #[error("event stream message at byte {offset}: impossible lengths (total {total}, headers {headers})")]
-    Lengths { offset: usize, total: usize, headers: usize },
+    Lengths {
+        offset: usize,
+        total: usize,
+        headers: usize,
+    },
     #[error("event stream message at byte {offset}: malformed headers ({what})")]
     Headers { offset: usize, what: &'static str },
 }
@@ -176,7 +184,10 @@ fn headers(mut b: &[u8]) -> Result<Vec<(&str, &str)>, &'static str> {
                 let len = usize::from(u16::from_be_bytes([len_bytes[0], len_bytes[1]]));
                 let value = b.get(2..2 + len).ok_or("value past the end")?;
                 if kind == 7 {
-                    out.push((name, std::str::from_utf8(value).map_err(|_| "string value is not UTF-8")?));
+                    out.push((
+                        name,
+                        std::str::from_utf8(value).map_err(|_| "string value is not UTF-8")?,
+                    ));
                 }
                 b = &b[2 + len..];
             }
@@ -311,7 +322,9 @@ mod tests {
         h.extend_from_slice(&[1, b'b', 0]);
         h.extend_from_slice(&[1, b'i', 4, 0, 0, 0, 7]);
         h.extend_from_slice(&[1, b'y', 6, 0, 2, 0xff, 0xfe]);
-        h.extend_from_slice(&[11, b':', b'e', b'v', b'e', b'n', b't', b'-', b't', b'y', b'p', b'e', 7, 0, 5]);
+        h.extend_from_slice(&[
+            11, b':', b'e', b'v', b'e', b'n', b't', b'-', b't', b'y', b'p', b'e', 7, 0, 5,
+        ]);
         h.extend_from_slice(b"chunk");
         h.extend_from_slice(&[1, b't', 8, 0, 0, 0, 0, 0, 0, 0, 1]);
         h.extend_from_slice(&[1, b'u', 9]);
@@ -358,7 +371,10 @@ mod tests {
         let body = two_chunks();
         for cut in [body.len() - 1, body.len() - 20, 70, 5] {
             let (messages, err) = decode(&body[..cut]);
-            assert!(matches!(err, Some(EventStreamError::Truncated { .. })), "cut {cut}: {err:?}");
+            assert!(
+                matches!(err, Some(EventStreamError::Truncated { .. })),
+                "cut {cut}: {err:?}"
+            );
             assert!(messages.len() <= 1, "cut {cut}");
         }
     }
@@ -369,14 +385,20 @@ mod tests {
         let first = be32(&body, 0) as usize;
         body[first - 6] ^= 0x20; // a payload byte of the first message
         let (messages, err) = decode(&body);
-        assert!(matches!(err, Some(EventStreamError::MessageCrc { offset: 0, .. })), "{err:?}");
+        assert!(
+            matches!(err, Some(EventStreamError::MessageCrc { offset: 0, .. })),
+            "{err:?}"
+        );
         assert_eq!(messages.len(), 1, "the second message still decodes");
         assert_eq!(messages[0].header(":event-type"), Some("contentBlockDelta"));
 
         let mut body = two_chunks();
         body[3] ^= 1; // total length: the prelude CRC no longer matches
         let (messages, err) = decode(&body);
-        assert!(matches!(err, Some(EventStreamError::PreludeCrc { offset: 0, .. })), "{err:?}");
+        assert!(
+            matches!(err, Some(EventStreamError::PreludeCrc { offset: 0, .. })),
+            "{err:?}"
+        );
         assert!(messages.is_empty());
     }
 
@@ -393,7 +415,12 @@ mod tests {
             assert!(err.is_some(), "{total}/{headers}");
         }
         // Header blocks that lie about their own lengths.
-        for h in [&[5u8, b'a'][..], &[1, b'a', 7, 0, 9, b'x'], &[1, b'a', 42], &[1, b'a', 4, 0]] {
+        for h in [
+            &[5u8, b'a'][..],
+            &[1, b'a', 7, 0, 9, b'x'],
+            &[1, b'a', 42],
+            &[1, b'a', 4, 0],
+        ] {
             let mut m = Vec::new();
             let total = 12 + h.len() + 4;
             m.extend_from_slice(&(total as u32).to_be_bytes());
@@ -420,6 +447,9 @@ mod tests {
         let events = events(&messages);
         let v: Value = serde_json::from_str(&events[0].data).unwrap_or_default();
         assert_eq!(v["error"]["type"], "throttlingException");
-        assert_eq!(v["error"]["message"], "Too many requests, please wait before trying again.");
+        assert_eq!(
+            v["error"]["message"],
+            "Too many requests, please wait before trying again."
+        );
     }
 }

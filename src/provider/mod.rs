@@ -211,12 +211,25 @@ mod tests {
     fn the_adapter_owns_its_provider_facts() {
         assert_eq!(call_ids(Api::GeminiGenerateContent), CallIds::ClientAssigned);
         assert_eq!(call_ids(Api::AnthropicMessages), CallIds::Stable);
-        assert_eq!(otel_provider_name(Api::AnthropicMessages, "claude-proxy", "/v1/messages"), "anthropic");
-        assert_eq!(otel_provider_name(Api::OpenAiChat, "openai", "/v1/chat/completions"), "openai");
-        assert_eq!(otel_provider_name(Api::OpenAiChat, "groq", "/openai/v1/chat/completions"), "groq");
+        assert_eq!(
+            otel_provider_name(Api::AnthropicMessages, "claude-proxy", "/v1/messages"),
+            "anthropic"
+        );
+        assert_eq!(
+            otel_provider_name(Api::OpenAiChat, "openai", "/v1/chat/completions"),
+            "openai"
+        );
+        assert_eq!(
+            otel_provider_name(Api::OpenAiChat, "groq", "/openai/v1/chat/completions"),
+            "groq"
+        );
         assert_eq!(otel_provider_name(Api::Other, "x", "/model/m/invoke"), "x");
         assert_eq!(
-            otel_provider_name(Api::AnthropicMessages, "bedrock", "/model/anthropic.claude-x-v1:0/invoke"),
+            otel_provider_name(
+                Api::AnthropicMessages,
+                "bedrock",
+                "/model/anthropic.claude-x-v1:0/invoke"
+            ),
             "aws.bedrock"
         );
         assert_eq!(

@@ -106,7 +106,9 @@ impl CloudFixture {
             frames
         } else if self.content_type.contains("event-stream") {
             let text = String::from_utf8_lossy(body);
-            text.split_inclusive("\n\n").map(|e| Bytes::from(e.to_owned())).collect()
+            text.split_inclusive("\n\n")
+                .map(|e| Bytes::from(e.to_owned()))
+                .collect()
         } else {
             vec![Bytes::copy_from_slice(body)]
         }
@@ -139,43 +141,55 @@ pub async fn serve_cloud(fixtures: Vec<CloudFixture>, bodies: HashMap<String, Ve
     let received = Arc::new(Mutex::new(Vec::new()));
     let fixtures = Arc::new((fixtures, bodies));
     let rec = received.clone();
-    serve_tls("127.0.0.1:0".parse().unwrap(), received, move |req: Request<Incoming>| {
-        let fixtures = fixtures.clone();
-        let rec = rec.clone();
-        async move {
-            let (parts, body) = req.into_parts();
-            let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-            let path = parts.uri.path_and_query().map(|p| p.as_str().to_owned()).unwrap_or_default();
-            let (list, bodies) = &*fixtures;
-            let fixture = list
-                .iter()
-                .find(|f| f.path.split('?').next() == path.split('?').next() && f.request.as_slice() == &body[..])
-                .or_else(|| list.iter().find(|f| f.path.split('?').next() == path.split('?').next()));
-            rec.lock().unwrap().push(Received {
-                fixture: fixture.map(|f| f.name.clone()),
-                method: parts.method.to_string(),
-                path: path.clone(),
-                headers: parts.headers.clone(),
-                body: body.clone(),
-                body_matched: fixture.is_some_and(|f| f.request.as_slice() == &body[..]),
-                cancelled: Arc::new(AtomicBool::new(false)),
-            });
-            let (status, content_type, frames) = match fixture {
-                Some(f) => {
-                    let bytes = bodies.get(&f.name).cloned().unwrap_or_else(|| f.body.clone());
-                    (f.status, f.content_type.clone(), f.frames(&bytes))
+    serve_tls(
+        "127.0.0.1:0".parse().unwrap(),
+        received,
+        move |req: Request<Incoming>| {
+            let fixtures = fixtures.clone();
+            let rec = rec.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                let path = parts
+                    .uri
+                    .path_and_query()
+                    .map(|p| p.as_str().to_owned())
+                    .unwrap_or_default();
+                let (list, bodies) = &*fixtures;
+                let fixture = list
+                    .iter()
+                    .find(|f| f.path.split('?').next() == path.split('?').next() && f.request.as_slice() == &body[..])
+                    .or_else(|| list.iter().find(|f| f.path.split('?').next() == path.split('?').next()));
+                rec.lock().unwrap().push(Received {
+                    fixture: fixture.map(|f| f.name.clone()),
+                    method: parts.method.to_string(),
+                    path: path.clone(),
+                    headers: parts.headers.clone(),
+                    body: body.clone(),
+                    body_matched: fixture.is_some_and(|f| f.request.as_slice() == &body[..]),
+                    cancelled: Arc::new(AtomicBool::new(false)),
+                });
+                let (status, content_type, frames) = match fixture {
+                    Some(f) => {
+                        let bytes = bodies.get(&f.name).cloned().unwrap_or_else(|| f.body.clone());
+                        (f.status, f.content_type.clone(), f.frames(&bytes))
+                    }
+                    None => (
+                        404,
+                        "application/json".to_owned(),
+                        vec![Bytes::from_static(b"{\"message\":\"no fixture\"}")],
+                    ),
+                };
+                let (tx, rx) = mpsc::channel(frames.len().max(1));
+                for f in frames {
+                    let _ = tx.try_send(Ok(Frame::data(f)));
                 }
-                None => (404, "application/json".to_owned(), vec![Bytes::from_static(b"{\"message\":\"no fixture\"}")]),
-            };
-            let (tx, rx) = mpsc::channel(frames.len().max(1));
-            for f in frames {
-                let _ = tx.try_send(Ok(Frame::data(f)));
+                let mut resp = Response::new(ChannelBody(rx));
+                *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+                resp.headers_mut().insert("content-type", content_type.parse().unwrap());
+                Ok(resp)
             }
-            let mut resp = Response::new(ChannelBody(rx));
-            *resp.status_mut() = StatusCode::from_u16(status).unwrap();
-            resp.headers_mut().insert("content-type", content_type.parse().unwrap());
-            Ok(resp)
-        }
-    })
+        },
+    )
     .await
 }
