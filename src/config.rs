@@ -822,6 +822,33 @@ mod tests {
     }
 
     #[test]
+    fn cloud_route_families_parse_by_their_documented_names() {
+        let mut text = String::new();
+        for (name, api) in [
+            ("bedrock", "bedrock"),
+            ("mantle", "bedrock-mantle"),
+            ("vertex", "vertex"),
+            ("azure", "azure-openai"),
+        ] {
+            text.push_str(&format!(
+                "[upstreams.{name}]\nurl = \"https://h.example\"\napi = \"{api}\"\n"
+            ));
+        }
+        let c = RawConfig::from_toml(&text).unwrap().validate().unwrap();
+        assert_eq!(c.upstreams["bedrock"].api, ApiFamily::Bedrock);
+        assert_eq!(c.upstreams["mantle"].api, ApiFamily::BedrockMantle);
+        assert_eq!(c.upstreams["vertex"].api, ApiFamily::Vertex);
+        assert_eq!(c.upstreams["azure"].api, ApiFamily::AzureOpenai);
+        for (family, name) in [
+            (ApiFamily::BedrockMantle, "bedrock-mantle"),
+            (ApiFamily::AzureOpenai, "azure-openai"),
+        ] {
+            assert_eq!(family.as_str(), name);
+        }
+        assert!(RawConfig::from_toml("[upstreams.x]\nurl = \"https://h\"\napi = \"bedrock_mantle\"\n").is_err());
+    }
+
+    #[test]
     fn bad_values_are_rejected_with_key() {
         let raw = RawConfig::from_toml("[upstreams.x]\nurl = \"ftp://h\"\n").unwrap();
         let err = raw.validate().unwrap_err().to_string();

@@ -540,3 +540,34 @@ pub fn resource_spans(resource: &[(String, String)], spans: Vec<Span>) -> Resour
         ..ResourceSpans::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proposed_cost_names_go_on_inference_spans_only() {
+        let cost = crate::model::cost::CostBreakdown {
+            output: rust_decimal::Decimal::new(5, 3),
+            total: rust_decimal::Decimal::new(5, 3),
+            ..Default::default()
+        };
+        let keys = |inference| {
+            let mut attrs = Vec::new();
+            cost_attributes(&mut attrs, &cost, inference);
+            attrs.into_iter().map(|kv| kv.key).collect::<Vec<_>>()
+        };
+        let chat = keys(true);
+        for k in [
+            sc::GEN_AI_USAGE_COST,
+            sc::GEN_AI_USAGE_COST_AMOUNT,
+            sc::GEN_AI_USAGE_COST_CURRENCY,
+            sc::GEN_AI_USAGE_COST_SOURCE,
+        ] {
+            assert!(chat.iter().any(|c| c == k), "{k}");
+        }
+        let agent = keys(false);
+        assert!(agent.iter().any(|c| c == sc::GEN_AI_USAGE_COST));
+        assert!(!agent.iter().any(|c| c.starts_with("gen_ai.usage.cost.")), "{agent:?}");
+    }
+}
