@@ -87,7 +87,7 @@ fn cloud_calls_normalize_and_price_as_the_golden_files_say() {
         let t = &p.trace;
         let got = json!({
             "api": t.api.as_str(),
-            "provider": llmtap::provider::otel_provider_name(t.api, &t.upstream, &t.path),
+            "provider": llmtap::provider::otel_provider_name(t.api, &t.upstream, &t.path, t.model.as_deref()),
             "model": t.model,
             "streamed": t.streamed,
             "outcome": t.outcome.as_str(),
@@ -156,7 +156,7 @@ fn usage_and_model_follow_the_wire_fields() {
         json!({"location": "San Francisco, CA"})
     );
     assert_eq!(
-        llmtap::provider::otel_provider_name(p.trace.api, &p.trace.upstream, &p.trace.path),
+        llmtap::provider::otel_provider_name(p.trace.api, &p.trace.upstream, &p.trace.path, p.trace.model.as_deref()),
         "aws.bedrock"
     );
     assert!(p.trace.cost.is_some(), "priced from the AWS table");

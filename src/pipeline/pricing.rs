@@ -19,7 +19,7 @@ pub fn price(table: &CostTable, trace: &mut ProviderTrace, call: Option<&Normali
     trace.cost = match (&trace.usage, model.is_empty()) {
         (Some(usage), false) => table
             .cost(
-                crate::provider::otel_provider_name(trace.api, &trace.upstream, &trace.path),
+                crate::provider::otel_provider_name(trace.api, &trace.upstream, &trace.path, trace.model.as_deref()),
                 model,
                 trace.timings.start,
                 usage,

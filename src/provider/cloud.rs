@@ -77,12 +77,12 @@ pub fn billed_model(path: &str) -> Option<String> {
 }
 
 /// `gen_ai.provider.name` (OpenTelemetry well-known values) of a call whose path is unmistakably a cloud's:
-/// `aws.bedrock`, `gcp.vertex_ai`, `azure.ai.openai`. Mantle's Anthropic path counts as Bedrock (Anthropic's
-/// own API has no `/anthropic/` segment). Paths shared with OpenAI's own API (`/v1/chat/completions` on Mantle,
-/// `/openai/v1/...` on Azure) give None: the call keeps the upstream's name, as any OpenAI-compatible route.
+/// `aws.bedrock`, `gcp.vertex_ai`, `azure.ai.openai`. Paths that gateways share (Mantle's
+/// `/anthropic/v1/messages`, `/v1/chat/completions`, Azure's `/openai/v1/...`) give None: see
+/// [`provider_of_model`], else the call keeps its adapter's or upstream's name.
 pub fn provider_of_path(path: &str) -> Option<&'static str> {
     let path = path.split('?').next().unwrap_or(path);
-    if bedrock_action(path).is_some() || path.ends_with("/anthropic/v1/messages") {
+    if bedrock_action(path).is_some() {
         Some("aws.bedrock")
     } else if vertex_action(path).is_some() {
         Some("gcp.vertex_ai")
@@ -91,6 +91,24 @@ pub fn provider_of_path(path: &str) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// `aws.bedrock` for a Bedrock model id (`anthropic.claude-opus-4-7`, `us.anthropic.claude-...-v1:0`,
+/// `openai.gpt-oss-120b-1:0`): a vendor prefix with a dot, after an optional geography. The vendors' own APIs
+/// and the gateways llmtap knows never name models that way (OpenRouter and LiteLLM use `vendor/model`), so this
+/// finds Bedrock Mantle calls, whose paths look like any gateway's.
+pub fn provider_of_model(model: &str) -> Option<&'static str> {
+    let mut parts = model.split('.');
+    let vendor = match (parts.next(), parts.next()) {
+        (Some("us" | "eu" | "apac" | "au" | "jp" | "ca" | "us-gov" | "global"), Some(vendor)) => vendor,
+        (Some(vendor), Some(_)) => vendor,
+        _ => return None,
+    };
+    matches!(
+        vendor,
+        "anthropic" | "openai" | "meta" | "amazon" | "mistral" | "cohere" | "deepseek" | "qwen" | "ai21"
+    )
+    .then_some("aws.bedrock")
 }
 
 /// `.../model/{id}/{action}` → (id, action) for Bedrock runtime's model actions.
@@ -263,7 +281,23 @@ mod tests {
         assert_eq!(detect(m, "/v1/chat/completions"), Some(Api::OpenAiChat));
         assert_eq!(detect(m, "/openai/v1/responses"), Some(Api::OpenAiResponses));
         assert_eq!(detect(m, "/v1/models"), Some(Api::Other));
-        assert_eq!(provider_of_path("/anthropic/v1/messages"), Some("aws.bedrock"));
+        assert_eq!(provider_of_path("/anthropic/v1/messages"), None, "a gateway's path too");
+        assert_eq!(provider_of_model("anthropic.claude-opus-4-7"), Some("aws.bedrock"));
+        assert_eq!(
+            provider_of_model("global.anthropic.claude-sonnet-4-5-20250929-v1:0"),
+            Some("aws.bedrock")
+        );
+        assert_eq!(provider_of_model("openai.gpt-oss-120b-1:0"), Some("aws.bedrock"));
+        for own in [
+            "claude-opus-4-7",
+            "gpt-5.2",
+            "gpt-4.1-mini",
+            "gemini-2.5-flash",
+            "openai/gpt-4o",
+            "o3",
+        ] {
+            assert_eq!(provider_of_model(own), None, "{own}");
+        }
         assert_eq!(detect(ApiFamily::Openai, "/v1/chat/completions"), None);
         assert_eq!(model_from_path("/v1/chat/completions"), None);
     }

@@ -104,12 +104,12 @@ pub fn detect_api(family: ApiFamily, path: &str) -> Api {
         .map_or(Api::Other, |a| a.api())
 }
 
-/// `gen_ai.provider.name` of a call to `path` (as sent upstream): the cloud's when the path is a cloud route's
-/// (Claude on Bedrock is `aws.bedrock`, not `anthropic`), else the adapter's well-known name, else the
-/// upstream's own name.
-pub fn otel_provider_name<'a>(api: Api, upstream: &'a str, path: &str) -> &'a str {
+/// `gen_ai.provider.name` of a call to `path` (as sent upstream) answered by `model`: the cloud's when the path is
+/// a cloud route's or the model a Bedrock model id (Claude on Bedrock is `aws.bedrock`, not `anthropic`), else the
+/// adapter's well-known name, else the upstream's own name.
+pub fn otel_provider_name<'a>(api: Api, upstream: &'a str, path: &str, model: Option<&str>) -> &'a str {
     if api != Api::Other
-        && let Some(cloud) = cloud::provider_of_path(path)
+        && let Some(cloud) = cloud::provider_of_path(path).or_else(|| model.and_then(cloud::provider_of_model))
     {
         return cloud;
     }
@@ -212,29 +212,49 @@ mod tests {
         assert_eq!(call_ids(Api::GeminiGenerateContent), CallIds::ClientAssigned);
         assert_eq!(call_ids(Api::AnthropicMessages), CallIds::Stable);
         assert_eq!(
-            otel_provider_name(Api::AnthropicMessages, "claude-proxy", "/v1/messages"),
+            otel_provider_name(Api::AnthropicMessages, "claude-proxy", "/v1/messages", None),
             "anthropic"
         );
         assert_eq!(
-            otel_provider_name(Api::OpenAiChat, "openai", "/v1/chat/completions"),
+            otel_provider_name(Api::OpenAiChat, "openai", "/v1/chat/completions", None),
             "openai"
         );
         assert_eq!(
-            otel_provider_name(Api::OpenAiChat, "groq", "/openai/v1/chat/completions"),
+            otel_provider_name(Api::OpenAiChat, "groq", "/openai/v1/chat/completions", None),
             "groq"
         );
-        assert_eq!(otel_provider_name(Api::Other, "x", "/model/m/invoke"), "x");
+        assert_eq!(otel_provider_name(Api::Other, "x", "/model/m/invoke", None), "x");
         assert_eq!(
             otel_provider_name(
                 Api::AnthropicMessages,
                 "bedrock",
-                "/model/anthropic.claude-x-v1:0/invoke"
+                "/model/anthropic.claude-x-v1:0/invoke",
+                None
             ),
             "aws.bedrock"
         );
         assert_eq!(
-            otel_provider_name(Api::OpenAiChat, "azure", "/openai/deployments/d/chat/completions"),
+            otel_provider_name(Api::OpenAiChat, "azure", "/openai/deployments/d/chat/completions", None),
             "azure.ai.openai"
+        );
+        // Bedrock Mantle's Anthropic path looks like a gateway's; its model ids name the cloud.
+        assert_eq!(
+            otel_provider_name(
+                Api::AnthropicMessages,
+                "mantle",
+                "/anthropic/v1/messages",
+                Some("anthropic.claude-opus-4-7")
+            ),
+            "aws.bedrock"
+        );
+        assert_eq!(
+            otel_provider_name(
+                Api::AnthropicMessages,
+                "gw",
+                "/anthropic/v1/messages",
+                Some("claude-opus-4-7")
+            ),
+            "anthropic"
         );
         let gemini = adapter_for(Api::GeminiGenerateContent).unwrap();
         assert!(gemini.streams_json_array("/v1beta/models/g:streamGenerateContent"));

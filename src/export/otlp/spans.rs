@@ -340,7 +340,7 @@ impl<'a> SpanBuilder<'a> {
             s(sc::GEN_AI_OPERATION_NAME, sc::OP_CHAT),
             s(
                 sc::GEN_AI_PROVIDER_NAME,
-                crate::provider::otel_provider_name(trace.api, &trace.upstream, &trace.path),
+                crate::provider::otel_provider_name(trace.api, &trace.upstream, &trace.path, trace.model.as_deref()),
             ),
             s(sc::GEN_AI_CONVERSATION_ID, traj.clone()),
             s(sc::LLMTAP_TRAJECTORY_ID, traj.clone()),
