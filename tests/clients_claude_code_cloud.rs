@@ -2,7 +2,8 @@
 //! through llmtap to the scripted upstream: Bedrock (`CLAUDE_CODE_USE_BEDROCK=1`, `ANTHROPIC_BEDROCK_BASE_URL`,
 //! `CLAUDE_CODE_SKIP_BEDROCK_AUTH=1`: InvokeModelWithResponseStream, answered in AWS event-stream framing) and
 //! Vertex AI (`CLAUDE_CODE_USE_VERTEX=1`, `ANTHROPIC_VERTEX_BASE_URL`, `CLAUDE_CODE_SKIP_VERTEX_AUTH=1`:
-//! streamRawPredict). A `claude -p` run with one Bash round: every call captured with its usage, the model from
+//! streamRawPredict), and Bedrock Mantle (`CLAUDE_CODE_USE_MANTLE=1`, `ANTHROPIC_BEDROCK_MANTLE_BASE_URL`,
+//! `CLAUDE_CODE_SKIP_MANTLE_AUTH=1`: Anthropic Messages with Bedrock model ids). A `claude -p` run with one Bash round: every call captured with its usage, the model from
 //! the path, the tool call joined to its result, and the calls priced from the cloud's own table.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -18,6 +19,7 @@ use serde_json::Value;
 
 const BEDROCK_MODEL: &str = "us.anthropic.claude-sonnet-4-5-20250929-v1:0";
 const VERTEX_MODEL: &str = "claude-sonnet-4-5@20250929";
+const MANTLE_MODEL: &str = "anthropic.claude-opus-4-7";
 
 /// The native binary of the pinned version; None (the test skips) on a platform the package has no build for.
 fn claude_binary() -> Option<PathBuf> {
@@ -117,7 +119,9 @@ async fn run_on(
         .collect();
     assert_eq!(main_traces.len(), 2, "{main_traces:#?}");
     for t in &main_traces {
-        assert!(t["request"].get("model").is_none(), "the body names no model: {t:#}");
+        if route != "bedrock-mantle" {
+            assert!(t["request"].get("model").is_none(), "the body names no model: {t:#}");
+        }
         // Priced from the cloud's rows of the table (Claude on Bedrock's regional profiles costs more than
         // Anthropic's API), for the model the path names.
         let usage: llmtap::model::usage::Usage = serde_json::from_value(t["usage"].clone()).unwrap();
@@ -142,7 +146,7 @@ async fn run_on(
                 &usage,
             )
             .unwrap();
-        if cloud == "aws.bedrock" {
+        if model.contains("anthropic.claude-sonnet-4-5") {
             assert!(want.usd.total > first_party.usd.total, "a regional profile costs more");
         }
     }
@@ -235,5 +239,28 @@ async fn claude_code_on_vertex_through_llmtap_is_captured_derived_and_priced() {
             )
         );
         assert_eq!(t["request"]["anthropic_version"], "vertex-2023-10-16");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_on_bedrock_mantle_through_llmtap_is_captured_derived_and_priced() {
+    let Some(traces) = run_on("bedrock-mantle", "bedrock-mantle", "aws.bedrock", |base| {
+        vec![
+            ("CLAUDE_CODE_USE_MANTLE", "1".into()),
+            ("CLAUDE_CODE_SKIP_MANTLE_AUTH", "1".into()),
+            // Mantle serves Anthropic's API under /anthropic on its host (llmtap's route is the host).
+            ("ANTHROPIC_BEDROCK_MANTLE_BASE_URL", format!("{base}/anthropic")),
+            ("AWS_REGION", "us-east-1".into()),
+            ("ANTHROPIC_MODEL", MANTLE_MODEL.into()),
+            ("ANTHROPIC_SMALL_FAST_MODEL", MANTLE_MODEL.into()),
+        ]
+    })
+    .await
+    else {
+        return;
+    };
+    for t in &traces {
+        assert_eq!(t["path"], "/anthropic/v1/messages?beta=true", "{t:#}");
+        assert_eq!(t["request"]["model"], MANTLE_MODEL);
     }
 }

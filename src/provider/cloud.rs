@@ -29,8 +29,10 @@ pub fn detect(family: ApiFamily, path: &str) -> Option<Api> {
             Some((_, "converse" | "converse-stream")) => Api::BedrockConverse,
             _ => Api::Other,
         },
+        // `/anthropic/v1/messages` on the service's host; a client whose base URL already ends in `/anthropic`
+        // (Claude Code's ANTHROPIC_BEDROCK_MANTLE_BASE_URL) may be routed to it as `/v1/messages`.
         ApiFamily::BedrockMantle => {
-            if path.ends_with("/anthropic/v1/messages") {
+            if path.ends_with("/v1/messages") {
                 Api::AnthropicMessages
             } else {
                 openai(path)
@@ -278,6 +280,8 @@ mod tests {
         assert_eq!(provider_of_path("/openai/v1/chat/completions"), None);
         let m = ApiFamily::BedrockMantle;
         assert_eq!(detect(m, "/anthropic/v1/messages"), Some(Api::AnthropicMessages));
+        assert_eq!(detect(m, "/v1/messages"), Some(Api::AnthropicMessages));
+        assert_eq!(detect(m, "/anthropic/v1/messages/count_tokens"), Some(Api::Other));
         assert_eq!(detect(m, "/v1/chat/completions"), Some(Api::OpenAiChat));
         assert_eq!(detect(m, "/openai/v1/responses"), Some(Api::OpenAiResponses));
         assert_eq!(detect(m, "/v1/models"), Some(Api::Other));
