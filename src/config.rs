@@ -17,6 +17,16 @@ pub enum ApiFamily {
     Openai,
     Anthropic,
     Gemini,
+    /// AWS Bedrock runtime (`bedrock-runtime.{region}.amazonaws.com`): InvokeModel with Anthropic bodies, Converse.
+    Bedrock,
+    /// Bedrock Mantle (`bedrock-mantle.{region}.api.aws`): Anthropic Messages and OpenAI Chat / Responses.
+    #[serde(rename = "bedrock-mantle")]
+    BedrockMantle,
+    /// Google Vertex AI (`{region}-aiplatform.googleapis.com`): Claude (rawPredict) and Gemini.
+    Vertex,
+    /// Azure OpenAI (`{resource}.openai.azure.com`): deployments and the `/openai/v1` API.
+    #[serde(rename = "azure-openai")]
+    AzureOpenai,
 }
 
 impl ApiFamily {
@@ -25,6 +35,10 @@ impl ApiFamily {
             ApiFamily::Openai => "openai",
             ApiFamily::Anthropic => "anthropic",
             ApiFamily::Gemini => "gemini",
+            ApiFamily::Bedrock => "bedrock",
+            ApiFamily::BedrockMantle => "bedrock-mantle",
+            ApiFamily::Vertex => "vertex",
+            ApiFamily::AzureOpenai => "azure-openai",
         }
     }
 }
@@ -849,6 +863,33 @@ mod tests {
         assert_eq!(c.upstreams["groq"].url.path(), "/openai");
         assert_eq!(c.upstreams["anthropic"].api, ApiFamily::Anthropic);
         assert_eq!(c.upstreams["anthropic"].url.scheme_str(), Some("http"));
+    }
+
+    #[test]
+    fn cloud_route_families_parse_by_their_documented_names() {
+        let mut text = String::new();
+        for (name, api) in [
+            ("bedrock", "bedrock"),
+            ("mantle", "bedrock-mantle"),
+            ("vertex", "vertex"),
+            ("azure", "azure-openai"),
+        ] {
+            text.push_str(&format!(
+                "[upstreams.{name}]\nurl = \"https://h.example\"\napi = \"{api}\"\n"
+            ));
+        }
+        let c = RawConfig::from_toml(&text).unwrap().validate().unwrap();
+        assert_eq!(c.upstreams["bedrock"].api, ApiFamily::Bedrock);
+        assert_eq!(c.upstreams["mantle"].api, ApiFamily::BedrockMantle);
+        assert_eq!(c.upstreams["vertex"].api, ApiFamily::Vertex);
+        assert_eq!(c.upstreams["azure"].api, ApiFamily::AzureOpenai);
+        for (family, name) in [
+            (ApiFamily::BedrockMantle, "bedrock-mantle"),
+            (ApiFamily::AzureOpenai, "azure-openai"),
+        ] {
+            assert_eq!(family.as_str(), name);
+        }
+        assert!(RawConfig::from_toml("[upstreams.x]\nurl = \"https://h\"\napi = \"bedrock_mantle\"\n").is_err());
     }
 
     #[test]

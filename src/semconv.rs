@@ -1,4 +1,6 @@
-//! Attribute names: OpenTelemetry GenAI semantic conventions v1.41.1, and llmtap's own under `llmtap.`.
+//! Attribute names: OpenTelemetry GenAI semantic conventions v1.41.1 and the development stream that followed
+//! them (open-telemetry/semantic-conventions-genai, `gen-ai-dev/1.42.0-dev`; docs/exports.md says which names
+//! come from where), and llmtap's own under `llmtap.`.
 
 pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
 pub const GEN_AI_PROVIDER_NAME: &str = "gen_ai.provider.name";
@@ -12,11 +14,20 @@ pub const GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: &str = "gen_ai.response.time_to_f
 pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
 pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
 pub const GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
+/// The development conventions' name for prompt-cache writes (renamed from `cache_creation`).
+pub const GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS: &str = "gen_ai.usage.cache_write.input_tokens";
+/// v1.41's name for the same count, still emitted next to the new one: back ends and dashboards built on v1.41
+/// read it, and none reads the new one yet.
 pub const GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: &str = "gen_ai.usage.cache_creation.input_tokens";
 pub const GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: &str = "gen_ai.usage.reasoning.output_tokens";
 /// Not an OpenTelemetry GenAI convention (v1.41 defines no cost attribute): the name OpenLIT emits and Langfuse
 /// reads as a generation's cost in USD, so those back ends show llmtap's cost without mapping (docs/exports.md).
 pub const GEN_AI_USAGE_COST: &str = "gen_ai.usage.cost";
+/// The proposed convention's cost (semantic-conventions-genai PR 443, development): the amount as a double, its
+/// ISO 4217 currency, and `local` (computed by the recorder from its price table) or `provider` (received).
+pub const GEN_AI_USAGE_COST_AMOUNT: &str = "gen_ai.usage.cost.amount";
+pub const GEN_AI_USAGE_COST_CURRENCY: &str = "gen_ai.usage.cost.currency";
+pub const GEN_AI_USAGE_COST_SOURCE: &str = "gen_ai.usage.cost.source";
 pub const GEN_AI_CONVERSATION_ID: &str = "gen_ai.conversation.id";
 pub const GEN_AI_AGENT_NAME: &str = "gen_ai.agent.name";
 pub const GEN_AI_TOOL_NAME: &str = "gen_ai.tool.name";

@@ -783,7 +783,22 @@ async fn chat_spans_carry_the_calls_cost() {
     assert_eq!(double(claude, "llmtap.cost.cache_read_usd"), Some(0.0003333));
     assert_eq!(double(claude, "llmtap.cost.output_usd"), Some(0.000495));
     assert_eq!(double(claude, "llmtap.cost.reasoning_usd"), Some(0.0));
+    // The development conventions' names next to the released ones: cache writes under both names, the cost
+    // under the proposed gen_ai.usage.cost.* as well (computed here: source `local`).
+    assert_eq!(
+        attr(claude, "gen_ai.usage.cache_write.input_tokens").as_deref(),
+        Some("418")
+    );
+    assert_eq!(
+        attr(claude, "gen_ai.usage.cache_creation.input_tokens").as_deref(),
+        Some("418")
+    );
+    assert_eq!(double(claude, "gen_ai.usage.cost.amount"), Some(0.0024048));
+    assert_eq!(attr(claude, "gen_ai.usage.cost.currency").as_deref(), Some("USD"));
+    assert_eq!(attr(claude, "gen_ai.usage.cost.source").as_deref(), Some("local"));
     let kimi = chat("kimi");
     assert!(attr(kimi, "gen_ai.usage.input_tokens").is_some(), "the call has usage");
     assert_eq!(double(kimi, "gen_ai.usage.cost"), None, "unknown cost: no attribute");
+    assert_eq!(double(kimi, "gen_ai.usage.cost.amount"), None);
+    assert_eq!(attr(kimi, "gen_ai.usage.cost.currency"), None);
 }

@@ -74,7 +74,7 @@ pub fn conversation_key(exchange: &RawExchange) -> u64 {
 /// The top-level member holding the conversation, per API.
 fn conversation_array(api: Api) -> Option<&'static [u8]> {
     match api {
-        Api::OpenAiChat | Api::AnthropicMessages => Some(b"messages"),
+        Api::OpenAiChat | Api::AnthropicMessages | Api::BedrockConverse => Some(b"messages"),
         Api::OpenAiResponses => Some(b"input"),
         Api::GeminiGenerateContent => Some(b"contents"),
         Api::Other => None,

@@ -12,6 +12,9 @@ pub enum Api {
     AnthropicMessages,
     #[serde(rename = "gemini.generate_content")]
     GeminiGenerateContent,
+    /// AWS Bedrock's own Converse protocol (`/converse`, `/converse-stream`).
+    #[serde(rename = "bedrock.converse")]
+    BedrockConverse,
     /// Anything else on a configured upstream (embeddings, model lists, token counting, ...).
     #[serde(rename = "other")]
     Other,
@@ -24,6 +27,7 @@ impl Api {
             Api::OpenAiResponses => "openai.responses",
             Api::AnthropicMessages => "anthropic.messages",
             Api::GeminiGenerateContent => "gemini.generate_content",
+            Api::BedrockConverse => "bedrock.converse",
             Api::Other => "other",
         }
     }
@@ -34,6 +38,7 @@ impl Api {
             "openai.responses" => Api::OpenAiResponses,
             "anthropic.messages" => Api::AnthropicMessages,
             "gemini.generate_content" => Api::GeminiGenerateContent,
+            "bedrock.converse" => Api::BedrockConverse,
             _ => Api::Other,
         }
     }

@@ -13,11 +13,13 @@ pub fn price(table: &CostTable, trace: &mut ProviderTrace, call: Option<&Normali
     if call.is_none() {
         return;
     }
-    let model = trace.model.as_deref().unwrap_or("");
+    // A Bedrock path's model id is what AWS bills (its inference profile's geography sets the price).
+    let billed = crate::provider::cloud::billed_model(&trace.path);
+    let model = billed.as_deref().or(trace.model.as_deref()).unwrap_or("");
     trace.cost = match (&trace.usage, model.is_empty()) {
         (Some(usage), false) => table
             .cost(
-                crate::provider::otel_provider_name(trace.api, &trace.upstream),
+                crate::provider::otel_provider_name(trace.api, &trace.upstream, &trace.path, trace.model.as_deref()),
                 model,
                 trace.timings.start,
                 usage,

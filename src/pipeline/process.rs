@@ -9,7 +9,7 @@ use crate::capture::{Captured, Outcome, RawExchange, decode::decode_body};
 use crate::model::call::NormalizedCall;
 use crate::model::json::{Json, JsonText};
 use crate::model::trace::{CallFacts, ProviderTrace};
-use crate::provider::{CallContext, adapter_for};
+use crate::provider::{CallContext, adapter_for, eventstream};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
@@ -17,6 +17,13 @@ pub enum ProcessError {
     Body { id: String, what: String },
     #[error("exchange {id}: a body decodes to more than the capture cap ({cap} bytes); kept cut at the cap")]
     DecodedOverCap { id: String, cap: usize },
+    /// A Bedrock stream's binary framing is cut or damaged: the events before the damage are kept.
+    #[error("exchange {id}: {source}")]
+    EventStream {
+        id: String,
+        #[source]
+        source: crate::provider::eventstream::EventStreamError,
+    },
     #[error("exchange {id}: {source}")]
     Adapter {
         id: String,
@@ -33,9 +40,9 @@ pub struct Processed {
     pub errors: Vec<ProcessError>,
 }
 
-fn decoded_text(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> String {
+fn decoded_bytes(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Vec<u8> {
     let raw = c.body_bytes();
-    let bytes = match decode_body(c.header("content-encoding"), raw, cap) {
+    match decode_body(c.header("content-encoding"), raw, cap) {
         Ok(decoded) => {
             *truncated |= decoded.truncated;
             decoded.bytes
@@ -47,15 +54,12 @@ fn decoded_text(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessErro
             });
             c.body_bytes()
         }
-    };
-    match String::from_utf8(bytes) {
-        Ok(s) => s,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
     }
 }
 
 /// The body as one buffer: the captured frame itself when it is a single uncompressed one (no copy), else the
-/// frames decoded and joined.
+/// frames decoded and joined; text bodies as UTF-8 (invalid sequences replaced), a binary body (Bedrock's
+/// event-stream framing) byte for byte.
 fn body_buffer(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Bytes {
     let identity = c
         .header("content-encoding")
@@ -63,7 +67,19 @@ fn body_buffer(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError
     if identity && c.body.len() == 1 {
         return c.body[0].clone();
     }
-    Bytes::from(decoded_text(c, id, cap, errors, truncated))
+    let bytes = decoded_bytes(c, id, cap, errors, truncated);
+    if is_event_stream(c) {
+        return Bytes::from(bytes);
+    }
+    Bytes::from(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+fn is_event_stream(c: &Captured) -> bool {
+    c.header("content-type")
+        .is_some_and(|t| t.to_ascii_lowercase().contains("application/vnd.amazon.eventstream"))
 }
 
 /// A body read without building a `Value`: a borrowed view for the adapter and the text to keep. A body that
@@ -108,7 +124,27 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
     };
     let mut reassembled: Option<Value> = None;
     let mut raw_response = None;
-    if let Some(resp) = &ex.response {
+    let mut damaged_stream = false;
+    if let Some(resp) = &ex.response
+        && is_event_stream(resp)
+    {
+        // Bedrock's binary event-stream: decoded into the events the adapter reassembles; the trace keeps them
+        // as SSE text (the raw bytes are binary framing with checksums, of no use to a reader).
+        let (messages, damage) = eventstream::decode(&response_body);
+        if let Some(source) = damage {
+            errors.push(ProcessError::EventStream { id: id.clone(), source });
+            damaged_stream = true;
+        }
+        let events = eventstream::events(&messages);
+        reassembled = Some(match adapter {
+            Some(a) => a.reassemble(&events).unwrap_or_else(|source| {
+                errors.push(ProcessError::Adapter { id: id.clone(), source });
+                Value::Null
+            }),
+            None => Value::Null,
+        });
+        raw_response = Some(eventstream::to_sse_text(&events));
+    } else if let Some(resp) = &ex.response {
         let text = match std::str::from_utf8(&response_body) {
             Ok(t) => std::borrow::Cow::Borrowed(t),
             Err(_) => String::from_utf8_lossy(&response_body),
@@ -138,6 +174,10 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         }
     }
     let streamed = reassembled.is_some();
+    // A damaged stream was forwarded as it came; what the capture holds of it is cut at the damage.
+    if damaged_stream && ex.outcome == Outcome::Complete {
+        ex.outcome = Outcome::Truncated;
+    }
     if truncated {
         errors.push(ProcessError::DecodedOverCap { id: id.clone(), cap });
         if ex.outcome == Outcome::Complete {

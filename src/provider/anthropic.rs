@@ -209,7 +209,9 @@ impl ProviderAdapter for AnthropicMessages {
         };
         let usage = resp.get("usage").filter(|u| u.is_object());
         NormalizedCall {
-            model_requested: req.owned_str("model"),
+            model_requested: req
+                .owned_str("model")
+                .or_else(|| super::cloud::model_from_path(ctx.path)),
             model_response: resp.owned_str("model"),
             response_id: resp.owned_str("id"),
             system,

@@ -9,6 +9,9 @@
 //! them along, normalization ignores what it does not need.
 
 pub mod anthropic;
+pub mod bedrock_converse;
+pub mod cloud;
+pub mod eventstream;
 pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;
@@ -76,11 +79,12 @@ pub trait ProviderAdapter: Send + Sync + 'static {
 }
 
 /// The closed set of adapters: registering a provider is one line here.
-const ADAPTERS: [&dyn ProviderAdapter; 4] = [
+const ADAPTERS: [&dyn ProviderAdapter; 5] = [
     &openai_chat::OpenAiChat,
     &openai_responses::OpenAiResponses,
     &anthropic::AnthropicMessages,
     &gemini::Gemini,
+    &bedrock_converse::BedrockConverse,
 ];
 
 pub fn adapter_for(api: Api) -> Option<&'static dyn ProviderAdapter> {
@@ -88,16 +92,27 @@ pub fn adapter_for(api: Api) -> Option<&'static dyn ProviderAdapter> {
 }
 
 /// Which API a request on an upstream of `family` speaks, from its path (query removed); `Other` for the
-/// family's endpoints llmtap forwards without reading (embeddings, model lists, token counting, ...).
+/// family's endpoints llmtap forwards without reading (embeddings, model lists, token counting, ...). The cloud
+/// families (Bedrock, Mantle, Vertex, Azure) carry several protocols each: `cloud` maps their paths.
 pub fn detect_api(family: ApiFamily, path: &str) -> Api {
+    if let Some(api) = cloud::detect(family, path) {
+        return api;
+    }
     ADAPTERS
         .into_iter()
         .find(|a| a.family() == family && a.matches_path(path))
         .map_or(Api::Other, |a| a.api())
 }
 
-/// `gen_ai.provider.name` of a call: the adapter's well-known name, else the upstream's own name.
-pub fn otel_provider_name(api: Api, upstream: &str) -> &str {
+/// `gen_ai.provider.name` of a call to `path` (as sent upstream) answered by `model`: the cloud's when the path is
+/// a cloud route's or the model a Bedrock model id (Claude on Bedrock is `aws.bedrock`, not `anthropic`), else the
+/// adapter's well-known name, else the upstream's own name.
+pub fn otel_provider_name<'a>(api: Api, upstream: &'a str, path: &str, model: Option<&str>) -> &'a str {
+    if api != Api::Other
+        && let Some(cloud) = cloud::provider_of_path(path).or_else(|| model.and_then(cloud::provider_of_model))
+    {
+        return cloud;
+    }
     adapter_for(api).map_or(upstream, |a| a.otel_provider_name(upstream))
 }
 
@@ -196,10 +211,51 @@ mod tests {
     fn the_adapter_owns_its_provider_facts() {
         assert_eq!(call_ids(Api::GeminiGenerateContent), CallIds::ClientAssigned);
         assert_eq!(call_ids(Api::AnthropicMessages), CallIds::Stable);
-        assert_eq!(otel_provider_name(Api::AnthropicMessages, "claude-proxy"), "anthropic");
-        assert_eq!(otel_provider_name(Api::OpenAiChat, "openai"), "openai");
-        assert_eq!(otel_provider_name(Api::OpenAiChat, "groq"), "groq");
-        assert_eq!(otel_provider_name(Api::Other, "x"), "x");
+        assert_eq!(
+            otel_provider_name(Api::AnthropicMessages, "claude-proxy", "/v1/messages", None),
+            "anthropic"
+        );
+        assert_eq!(
+            otel_provider_name(Api::OpenAiChat, "openai", "/v1/chat/completions", None),
+            "openai"
+        );
+        assert_eq!(
+            otel_provider_name(Api::OpenAiChat, "groq", "/openai/v1/chat/completions", None),
+            "groq"
+        );
+        assert_eq!(otel_provider_name(Api::Other, "x", "/model/m/invoke", None), "x");
+        assert_eq!(
+            otel_provider_name(
+                Api::AnthropicMessages,
+                "bedrock",
+                "/model/anthropic.claude-x-v1:0/invoke",
+                None
+            ),
+            "aws.bedrock"
+        );
+        assert_eq!(
+            otel_provider_name(Api::OpenAiChat, "azure", "/openai/deployments/d/chat/completions", None),
+            "azure.ai.openai"
+        );
+        // Bedrock Mantle's Anthropic path looks like a gateway's; its model ids name the cloud.
+        assert_eq!(
+            otel_provider_name(
+                Api::AnthropicMessages,
+                "mantle",
+                "/anthropic/v1/messages",
+                Some("anthropic.claude-opus-4-7")
+            ),
+            "aws.bedrock"
+        );
+        assert_eq!(
+            otel_provider_name(
+                Api::AnthropicMessages,
+                "gw",
+                "/anthropic/v1/messages",
+                Some("claude-opus-4-7")
+            ),
+            "anthropic"
+        );
         let gemini = adapter_for(Api::GeminiGenerateContent).unwrap();
         assert!(gemini.streams_json_array("/v1beta/models/g:streamGenerateContent"));
         assert!(!gemini.streams_json_array("/v1beta/models/g:generateContent"));

@@ -191,7 +191,9 @@ impl ProviderAdapter for OpenAiResponses {
         };
         let usage = resp.get("usage").filter(|u| u.is_object());
         NormalizedCall {
-            model_requested: req.owned_str("model"),
+            model_requested: req
+                .owned_str("model")
+                .or_else(|| super::cloud::model_from_path(ctx.path)),
             model_response: resp.owned_str("model"),
             response_id: resp.owned_str("id"),
             system: join_nonempty(system, "\n\n"),
@@ -204,7 +206,9 @@ impl ProviderAdapter for OpenAiResponses {
                 input: u64_at(u, &["input_tokens"]).unwrap_or(0),
                 output: u64_at(u, &["output_tokens"]).unwrap_or(0),
                 cache_read: u64_at(u, &["input_tokens_details", "cached_tokens"]),
-                cache_write: None,
+                // Newer models report prompt-cache writes (billed above plain input); like cached_tokens, a
+                // part of input_tokens.
+                cache_write: u64_at(u, &["input_tokens_details", "cache_write_tokens"]),
                 reasoning: u64_at(u, &["output_tokens_details", "reasoning_tokens"]),
             }),
             raw_usage: usage.map(Json::to_value),

@@ -30,6 +30,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 pub mod clients;
+pub mod cloud;
 pub mod scripted;
 pub mod wait;
 

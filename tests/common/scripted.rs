@@ -4,7 +4,10 @@
 //! It speaks the four API shapes (Anthropic Messages, OpenAI Chat Completions, OpenAI Responses, Gemini
 //! generateContent / streamGenerateContent), streamed in each provider's framing (Anthropic and Responses named
 //! SSE events, Chat `data:` chunks ending in `[DONE]`, Gemini `\r\n`-separated SSE with `alt=sse` or one JSON
-//! array without) or as one JSON body, with provider-style ids and usage (cache tokens included).
+//! array without) or as one JSON body, with provider-style ids and usage (cache tokens included). The Anthropic
+//! body is also answered on the cloud routes: Bedrock's `/model/{id}/invoke` and `/invoke-with-response-stream`
+//! (the stream in AWS event-stream framing, each event a base64 `chunk`) and Vertex's `:rawPredict` /
+//! `:streamRawPredict`, the model taken from the path.
 //!
 //! What it answers is decided by the conversation:
 //! - the request offers tools and fewer tool rounds than wanted followed the latest user text: a call of one
@@ -123,9 +126,24 @@ impl Scripted {
             if s.streamed {
                 assert_eq!(t["streamed"], true);
                 let raw = stored_raw_response(&tap.data_dir, t["id"].as_str().unwrap()).unwrap();
+                // Bedrock's binary event-stream is kept as its events in SSE text (README, Cloud routes).
+                let want = if s
+                    .path
+                    .split('?')
+                    .next()
+                    .unwrap_or("")
+                    .ends_with("/invoke-with-response-stream")
+                {
+                    use llmtap::provider::eventstream;
+                    let (messages, damage) = eventstream::decode(&s.body);
+                    assert_eq!(damage, None);
+                    eventstream::to_sse_text(&eventstream::events(&messages)).into_bytes()
+                } else {
+                    s.body.clone()
+                };
                 assert_eq!(
                     raw.as_bytes(),
-                    s.body.as_slice(),
+                    want.as_slice(),
                     "{}: the stream is stored as sent",
                     s.path
                 );
@@ -322,7 +340,8 @@ fn shape_of(method: &http::Method, path: &str) -> Option<Shape> {
     if method != http::Method::POST {
         return None;
     }
-    if p.ends_with("/messages") {
+    if p.ends_with("/messages") || is_bedrock_invoke(p) || p.contains(":rawPredict") || p.contains(":streamRawPredict")
+    {
         Some(Shape::Anthropic)
     } else if p.ends_with("/chat/completions") {
         Some(Shape::Chat)
@@ -333,6 +352,36 @@ fn shape_of(method: &http::Method, path: &str) -> Option<Shape> {
     } else {
         None
     }
+}
+
+fn is_bedrock_invoke(p: &str) -> bool {
+    p.contains("/model/") && (p.ends_with("/invoke") || p.ends_with("/invoke-with-response-stream"))
+}
+
+/// An Anthropic SSE stream as Bedrock's InvokeModelWithResponseStream sends it: each event's JSON, base64, in the
+/// `bytes` of a `chunk` event-stream message.
+fn bedrock_event_stream(mut reply: Reply) -> Reply {
+    use base64::Engine;
+    let frames = reply
+        .frames
+        .iter()
+        .filter_map(|f| {
+            let text = std::str::from_utf8(f).ok()?;
+            let data = text.lines().find_map(|l| l.strip_prefix("data: "))?;
+            let payload = json!({"bytes": base64::engine::general_purpose::STANDARD.encode(data), "p": "abcdefgh"});
+            Some(Bytes::from(llmtap::provider::eventstream::encode(
+                &[
+                    (":event-type", "chunk"),
+                    (":content-type", "application/json"),
+                    (":message-type", "event"),
+                ],
+                payload.to_string().as_bytes(),
+            )))
+        })
+        .collect();
+    reply.frames = frames;
+    reply.content_type = "application/vnd.amazon.eventstream";
+    reply
 }
 
 fn reply_for(
@@ -371,6 +420,9 @@ fn reply_for(
     let usage = Usage::for_call(request_len, &decision, request);
     let ids = Ids::new(n);
     let mut reply = match shape {
+        Shape::Anthropic if p.ends_with("/invoke-with-response-stream") => {
+            bedrock_event_stream(anthropic(&ask, &decision, &usage, &ids))
+        }
         Shape::Anthropic => anthropic(&ask, &decision, &usage, &ids),
         Shape::Chat => chat(&ask, &decision, &usage, &ids, request),
         Shape::Responses => responses(&ask, &decision, &usage, &ids, request),
@@ -531,6 +583,24 @@ fn read_ask(shape: Shape, path: &str, r: &Value) -> Ask {
                 .unwrap_or("gemini-2.5-flash")
                 .to_owned();
         }
+    }
+    // Bedrock and Vertex name the model in the path and stream by endpoint.
+    let p = path.split('?').next().unwrap_or(path);
+    if shape == Shape::Anthropic && ask.model.is_empty() {
+        let model = if is_bedrock_invoke(p) {
+            p.split("/model/")
+                .nth(1)
+                .and_then(|m| m.rsplit_once('/'))
+                .map(|(m, _)| m)
+        } else {
+            p.rsplit_once("/models/").and_then(|(_, m)| m.split(':').next())
+        };
+        ask.model = percent_encoding::percent_decode_str(model.unwrap_or(""))
+            .decode_utf8_lossy()
+            .into_owned();
+    }
+    if p.ends_with("/invoke-with-response-stream") || p.contains(":streamRawPredict") {
+        ask.stream = true;
     }
     if let Some(i) = turns.iter().rposition(|(result, _)| !result) {
         ask.latest_user_text = turns[i].1.clone().unwrap_or_default();

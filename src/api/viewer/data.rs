@@ -286,7 +286,7 @@ pub fn call(reader: &StoreReader, ctx: &Context, trace_id: &str) -> Result<Optio
         "step": step.map(|s| json!({"step_id": s.step_id, "step_index": s.step_index})),
         "previous_call": previous.as_ref().map(|p| p.id.clone()),
         "upstream": trace.upstream,
-        "provider": crate::provider::otel_provider_name(trace.api, &trace.upstream),
+        "provider": crate::provider::otel_provider_name(trace.api, &trace.upstream, &trace.path, trace.model.as_deref()),
         "api": trace.api.as_str(),
         "method": trace.method,
         "path": trace.path,

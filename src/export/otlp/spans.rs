@@ -135,9 +135,17 @@ fn parse_traceparent(tp: &str) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((t, sp))
 }
 
-/// `gen_ai.usage.cost` (the total) and `llmtap.cost.<part>_usd`, as doubles (attributes have no decimal type).
-fn cost_attributes(attrs: &mut Vec<KeyValue>, cost: &crate::model::cost::CostBreakdown) {
+/// `gen_ai.usage.cost` (the total) and `llmtap.cost.<part>_usd`, as doubles (attributes have no decimal type);
+/// on a chat span (`inference`) also the proposed `gen_ai.usage.cost.amount` / `.currency` / `.source` (llmtap
+/// prices calls itself: `local`). The proposal puts them on inference spans only, so that a back end summing
+/// them over a trace does not count an agent's calls twice.
+fn cost_attributes(attrs: &mut Vec<KeyValue>, cost: &crate::model::cost::CostBreakdown, inference: bool) {
     attrs.push(f(sc::GEN_AI_USAGE_COST, cost.total_f64()));
+    if inference {
+        attrs.push(f(sc::GEN_AI_USAGE_COST_AMOUNT, cost.total_f64()));
+        attrs.push(s(sc::GEN_AI_USAGE_COST_CURRENCY, "USD"));
+        attrs.push(s(sc::GEN_AI_USAGE_COST_SOURCE, "local"));
+    }
     for (part, usd) in cost.parts() {
         let usd = rust_decimal::prelude::ToPrimitive::to_f64(&usd).unwrap_or(f64::NAN);
         attrs.push(f(&format!("{}{part}_usd", sc::LLMTAP_COST_PREFIX), usd));
@@ -151,6 +159,7 @@ fn usage_attributes(attrs: &mut Vec<KeyValue>, u: &crate::model::usage::Usage) {
         attrs.push(i(sc::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, v));
     }
     if let Some(v) = u.cache_write {
+        attrs.push(i(sc::GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS, v));
         attrs.push(i(sc::GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, v));
     }
     if let Some(v) = u.reasoning {
@@ -331,7 +340,7 @@ impl<'a> SpanBuilder<'a> {
             s(sc::GEN_AI_OPERATION_NAME, sc::OP_CHAT),
             s(
                 sc::GEN_AI_PROVIDER_NAME,
-                crate::provider::otel_provider_name(trace.api, &trace.upstream),
+                crate::provider::otel_provider_name(trace.api, &trace.upstream, &trace.path, trace.model.as_deref()),
             ),
             s(sc::GEN_AI_CONVERSATION_ID, traj.clone()),
             s(sc::LLMTAP_TRAJECTORY_ID, traj.clone()),
@@ -363,7 +372,7 @@ impl<'a> SpanBuilder<'a> {
             usage_attributes(&mut attrs, u);
         }
         if let Some(cost) = &trace.cost {
-            cost_attributes(&mut attrs, cost);
+            cost_attributes(&mut attrs, cost, true);
         }
         if let Some(error) = facts.as_ref().and_then(|c| facts_attributes(&mut attrs, c)) {
             status = error;
@@ -486,7 +495,7 @@ impl<'a> SpanBuilder<'a> {
         ];
         // A sum with unpriced calls is only a lower bound: the cost attributes carry a known cost or nothing.
         match (&t.cost_usd, t.unpriced_calls) {
-            (Some(cost), 0) => cost_attributes(&mut attrs, cost),
+            (Some(cost), 0) => cost_attributes(&mut attrs, cost, false),
             (_, n) => attrs.push(i(sc::LLMTAP_COST_UNPRICED_CALLS, u64::from(n))),
         }
         if let Some(p) = &t.parent_trajectory_id {
@@ -529,5 +538,36 @@ pub fn resource_spans(resource: &[(String, String)], spans: Vec<Span>) -> Resour
             ..ScopeSpans::default()
         }],
         ..ResourceSpans::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proposed_cost_names_go_on_inference_spans_only() {
+        let cost = crate::model::cost::CostBreakdown {
+            output: rust_decimal::Decimal::new(5, 3),
+            total: rust_decimal::Decimal::new(5, 3),
+            ..Default::default()
+        };
+        let keys = |inference| {
+            let mut attrs = Vec::new();
+            cost_attributes(&mut attrs, &cost, inference);
+            attrs.into_iter().map(|kv| kv.key).collect::<Vec<_>>()
+        };
+        let chat = keys(true);
+        for k in [
+            sc::GEN_AI_USAGE_COST,
+            sc::GEN_AI_USAGE_COST_AMOUNT,
+            sc::GEN_AI_USAGE_COST_CURRENCY,
+            sc::GEN_AI_USAGE_COST_SOURCE,
+        ] {
+            assert!(chat.iter().any(|c| c == k), "{k}");
+        }
+        let agent = keys(false);
+        assert!(agent.iter().any(|c| c == sc::GEN_AI_USAGE_COST));
+        assert!(!agent.iter().any(|c| c.starts_with("gen_ai.usage.cost.")), "{agent:?}");
     }
 }
