@@ -6,6 +6,7 @@
 
 pub mod conn;
 pub mod forward;
+pub mod intercept;
 pub mod limits;
 pub mod redact;
 pub mod route;
@@ -89,6 +90,8 @@ pub struct Proxy {
     limit_log: EpisodeLog,
     /// What the captured copy hides (built-in rule plus `capture.redact_headers`).
     redactor: redact::Redactor,
+    /// The forward-proxy mode: CONNECT on this port.
+    intercept: intercept::Interceptor,
 }
 
 impl Proxy {
@@ -107,6 +110,7 @@ impl Proxy {
             accept_errors: EpisodeLog::default(),
             limit_log: EpisodeLog::default(),
             redactor: redact::Redactor::new(&config.capture.redact_headers),
+            intercept: intercept::Interceptor::new(config)?,
         })
     }
 
@@ -197,7 +201,10 @@ impl Proxy {
                     Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, active)))
                 }
             });
-            let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+            // With upgrades: a CONNECT's connection is handed to its tunnel (`intercept`).
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
             let idle = self.server.idle_timeout;
             let (drain, force) = (shutdown.clone(), force_close.clone());
             let watcher = {
@@ -240,6 +247,9 @@ impl Proxy {
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+        if req.method() == http::Method::CONNECT {
+            return Ok(intercept::connect(&self, req).await);
+        }
         let path = req.uri().path();
         if let Some(resp) = self.builtin_endpoint(path) {
             return Ok(resp);
