@@ -359,8 +359,12 @@ async fn a_sigv4_signed_bedrock_request_passes_byte_for_byte() {
     for (k, v) in signed {
         req = req.header(k, v);
     }
-    let (status, _, _) = request_over(tls, req.body(Full::new(Bytes::from(body))).unwrap()).await;
-    assert_eq!(status, 200);
+    let (status, _, answer) = request_over(tls, req.body(Full::new(Bytes::from(body))).unwrap()).await;
+    // The scripted upstream knows no Bedrock path: its own answer (not llmtap's) comes back unchanged.
+    let sent = up.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(status, sent[0].status);
+    assert_eq!(answer.as_ref(), sent[0].body.as_slice());
     let rec = &up.received()[0];
     assert_eq!(rec.authority.as_deref(), Some(host));
     assert_eq!(rec.path, path, "path (and its encoding) unchanged");

@@ -172,7 +172,7 @@ mod tests {
             Some("corp.example, localhost"),
         );
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-        assert_eq!(get("HTTPS_PROXY"), Some("http://run-1@127.0.0.1:8787"));
+        assert_eq!(get("HTTPS_PROXY"), Some("http://run-1:llmtap@127.0.0.1:8787"));
         assert_eq!(get("NO_PROXY"), Some("localhost,127.0.0.1,::1,corp.example"));
         assert_eq!(get("NODE_EXTRA_CA_CERTS"), Some("/d/ca/llmtap-ca.pem"));
         assert_eq!(get("SSL_CERT_FILE"), Some("/d/ca/bundle.pem"));

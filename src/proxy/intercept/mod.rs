@@ -9,6 +9,7 @@
 //! The same port serves both modes: a CONNECT request is the only thing base-URL mode never receives, so one
 //! address covers `ANTHROPIC_BASE_URL` and `HTTPS_PROXY` alike, and the listening limits apply to both.
 
+mod body;
 pub mod ca;
 pub mod hosts;
 mod relay;
@@ -374,10 +375,12 @@ pub fn proxy_url(addr: SocketAddr, session: Option<&str>, token: Option<&str>) -
     let enc = |s: &str| percent_encoding::utf8_percent_encode(s, USERINFO).to_string();
     match (session, token) {
         (None, None) => format!("http://{addr}"),
+        // Always with a password: Bun's fetch (Claude Code) fails a proxy URL whose user has none, without
+        // connecting. Without a token the password is a placeholder llmtap ignores.
         (user, token) => format!(
-            "http://{}{}@{addr}",
+            "http://{}:{}@{addr}",
             enc(user.unwrap_or(PLAIN_USER)),
-            token.map(|t| format!(":{}", enc(t))).unwrap_or_default()
+            enc(token.unwrap_or(PLAIN_USER))
         ),
     }
 }
@@ -396,7 +399,7 @@ mod tests {
         assert_eq!(proxy_credentials(&h), (None, Some("tok".into())));
         let addr: SocketAddr = "127.0.0.1:8787".parse().unwrap();
         assert_eq!(proxy_url(addr, None, None), "http://127.0.0.1:8787");
-        assert_eq!(proxy_url(addr, Some("run-1"), None), "http://run-1@127.0.0.1:8787");
+        assert_eq!(proxy_url(addr, Some("run-1"), None), "http://run-1:llmtap@127.0.0.1:8787");
         assert_eq!(proxy_url(addr, None, Some("t")), "http://llmtap:t@127.0.0.1:8787");
     }
 }

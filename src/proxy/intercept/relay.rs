@@ -14,6 +14,7 @@ use super::super::tap::{PendingExchange, RequestSlot, Tap, TapBody};
 use super::super::{AwaitingUpstream, Proxy, ProxyBody, ProxyError, error_chain, exchange_meta};
 use super::Target;
 use super::hosts::Intercepted;
+use super::body::UpstreamBody;
 use super::websocket;
 use crate::capture::{Captured, Outcome, RawExchange, Timings, exchange_id, now_micros};
 
@@ -135,6 +136,7 @@ impl Tunnel {
         // `host` goes too: the client library sets it from the URI, whose authority is the one the client
         // connected to (and named in its own `Host`).
         upstream_request_headers(&mut parts.headers);
+        let (body, unread) = UpstreamBody::returnable(body);
         let upstream_req = Request::from_parts(parts, body);
 
         let mut waiting = AwaitingUpstream(pending);
@@ -143,6 +145,9 @@ impl Tunnel {
             Err(error) => {
                 proxy.metrics.upstream_errors.inc();
                 let error = ProxyError::Upstream(error_chain(&error));
+                if waiting.0.is_some() {
+                    keep_unsent_request(unread).await;
+                }
                 waiting.send(Outcome::UpstreamError, error.to_string());
                 return Err(error);
             }
@@ -163,4 +168,17 @@ impl Tunnel {
         }
         Ok(Response::from_parts(parts, Either::Left(body)))
     }
+}
+
+/// The request body the client library dropped unread (the upstream was never reached): read to its end
+/// through its tap, so the failed exchange's trace keeps the request. Bounded: the client is sending it anyway,
+/// and its 502 waits at most this long.
+async fn keep_unsent_request(unread: tokio::sync::oneshot::Receiver<TapBody<Incoming>>) {
+    use http_body_util::BodyExt;
+    let read = async {
+        if let Ok(mut body) = unread.await {
+            while let Some(Ok(_)) = body.frame().await {}
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
 }

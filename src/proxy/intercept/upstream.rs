@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -21,10 +20,10 @@ use rustc_hash::FxHashMap;
 use tower_service::Service;
 
 use super::super::forward::TlsSetupError;
-use super::super::tap::TapBody;
+use super::body::UpstreamBody;
 use crate::config::Config;
 
-pub type InterceptClient = Client<HttpsConnector<HttpConnector<Resolver>>, TapBody<Incoming>>;
+pub type InterceptClient = Client<HttpsConnector<HttpConnector<Resolver>>, UpstreamBody>;
 
 /// System resolution, except for the hosts `[forward] resolve` names.
 #[derive(Clone)]

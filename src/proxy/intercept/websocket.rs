@@ -10,6 +10,7 @@ use hyper_util::rt::TokioIo;
 
 use super::super::tap::TapBody;
 use super::super::{ProxyBody, ProxyError, error_chain};
+use super::body::UpstreamBody;
 use super::upstream::InterceptClient;
 
 /// An HTTP/1.1 `Upgrade` request (RFC 9110 §7.8). HTTP/2's extended CONNECT is not offered to clients.
@@ -38,7 +39,7 @@ pub async fn relay(
     // The upgrade headers stay: they are the request. Only what was meant for llmtap goes.
     parts.headers.remove(header::HOST);
     parts.headers.remove(header::PROXY_AUTHORIZATION);
-    let upstream_req = Request::from_parts(parts, TapBody::new(body, None));
+    let upstream_req = Request::from_parts(parts, UpstreamBody::plain(TapBody::new(body, None)));
     let mut resp = client
         .request(upstream_req)
         .await
