@@ -688,7 +688,8 @@ fn forward_config(raw: RawForward) -> Result<ForwardConfig, ConfigError> {
         for p in &list {
             let ok = !p.is_empty()
                 && p.split('.').all(|label| !label.is_empty())
-                && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '*'));
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '*'));
             if !ok {
                 return Err(invalid(
                     key,
@@ -700,9 +701,12 @@ fn forward_config(raw: RawForward) -> Result<ForwardConfig, ConfigError> {
     };
     let mut resolve = BTreeMap::new();
     for (host, addr) in raw.resolve {
-        let parsed: SocketAddr = addr
-            .parse()
-            .map_err(|e| invalid(format!("forward.resolve.{host}"), format!("{addr:?} is not IP:PORT ({e})")))?;
+        let parsed: SocketAddr = addr.parse().map_err(|e| {
+            invalid(
+                format!("forward.resolve.{host}"),
+                format!("{addr:?} is not IP:PORT ({e})"),
+            )
+        })?;
         resolve.insert(host.to_ascii_lowercase(), parsed);
     }
     Ok(ForwardConfig {

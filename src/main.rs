@@ -276,7 +276,11 @@ fn run_command(store: StoreArgs, session: Option<String>, command: Vec<String>) 
     // In-process: the proxy on its own runtime and thread, stopped (and drained into the store) after the child.
     let mut local = None;
     let (proxy, viewer) = if running {
-        (listen, config.viewer_listen.map(run::reachable))
+        // A configured port 0 says nothing about where the running viewer is.
+        (
+            listen,
+            config.viewer_listen.filter(|v| v.port() != 0).map(run::reachable),
+        )
     } else {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -319,11 +323,22 @@ fn run_command(store: StoreArgs, session: Option<String>, command: Vec<String>) 
     };
     let token = config.api.token.as_ref().map(|t| t.expose().to_owned());
     let no_proxy = std::env::var("NO_PROXY").or_else(|_| std::env::var("no_proxy")).ok();
-    let env = run::child_env(proxy, &session, token.as_deref(), &ca.info.cert_path, &bundle, no_proxy.as_deref());
+    let env = run::child_env(
+        proxy,
+        &session,
+        token.as_deref(),
+        &ca.info.cert_path,
+        &bundle,
+        no_proxy.as_deref(),
+    );
     eprintln!(
         "llmtap run: session {session} through {} ({}){}; follow it with `llmtap tail --session {session}`",
         run::reachable(proxy),
-        if running { "the running llmtap" } else { "started for this run" },
+        if running {
+            "the running llmtap"
+        } else {
+            "started for this run"
+        },
         viewer
             .map(|v| format!(", viewer http://{}/", run::reachable(v)))
             .unwrap_or_default(),

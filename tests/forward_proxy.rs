@@ -28,7 +28,11 @@ use tokio::net::TcpStream;
 fn forward_config(up: &Upstream, extra: &str) -> String {
     let port = up.addr.port();
     let mut resolve = String::new();
-    for host in ["api.anthropic.com", "api.openai.com", "bedrock-runtime.us-east-1.amazonaws.com"] {
+    for host in [
+        "api.anthropic.com",
+        "api.openai.com",
+        "bedrock-runtime.us-east-1.amazonaws.com",
+    ] {
         resolve.push_str(&format!("\"{host}\" = \"127.0.0.1:{port}\"\n"));
     }
     upstream_config(
@@ -226,11 +230,18 @@ async fn claude_code_through_llmtap_run_is_captured_without_a_base_url() {
     let calls = up.model_calls();
     assert!(calls.iter().any(|s| s.tool.as_deref() == Some("Bash")), "{}", up.dump());
     for rec in up.received() {
-        assert_eq!(rec.authority.as_deref(), Some("api.anthropic.com"), "the base URL was the real one");
+        assert_eq!(
+            rec.authority.as_deref(),
+            Some("api.anthropic.com"),
+            "the base URL was the real one"
+        );
     }
     let traces = up.assert_captured(&tap);
     assert!(traces.iter().all(|t| t["upstream"] == "api.anthropic.com"));
-    assert!(traces.iter().all(|t| t["session_id"] == session.as_str()), "one session for the run");
+    assert!(
+        traces.iter().all(|t| t["session_id"] == session.as_str()),
+        "one session for the run"
+    );
     // The tool round: the Bash call's result joined to it, as in base-URL mode.
     let steps = tap.export("steps", &[]);
     let bash = steps
@@ -255,10 +266,7 @@ async fn claude_code_through_llmtap_run_is_captured_without_a_base_url() {
 async fn llmtap_run_starts_an_in_process_llmtap_when_none_runs() {
     let up = Scripted::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "listen = \"127.0.0.1:0\"\n{}",
-        forward_config(&up, "")
-    );
+    let config = format!("listen = \"127.0.0.1:0\"\n{}", forward_config(&up, ""));
     let config_path = dir.path().join("run.toml");
     std::fs::write(&config_path, config).unwrap();
     let body = r#"{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
@@ -268,8 +276,23 @@ async fn llmtap_run_starts_an_in_process_llmtap_when_none_runs() {
         .arg(&config_path)
         .arg("--data-dir")
         .arg(dir.path())
-        .args(["--session", "inproc", "--", "curl", "-sS", "--fail", "https://api.anthropic.com/v1/messages"])
-        .args(["-H", "content-type: application/json", "-H", "x-api-key: sk-ant-INPROCSECRET", "-d", body]);
+        .args([
+            "--session",
+            "inproc",
+            "--",
+            "curl",
+            "-sS",
+            "--fail",
+            "https://api.anthropic.com/v1/messages",
+        ])
+        .args([
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "x-api-key: sk-ant-INPROCSECRET",
+            "-d",
+            body,
+        ]);
     let run = run_client(cmd, 60).await;
     assert!(run.stderr.contains("started for this run"), "{}", run.stderr);
     let answer: Value = serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
@@ -341,10 +364,14 @@ async fn a_sigv4_signed_bedrock_request_passes_byte_for_byte() {
     let (status, _, tcp) = connect(tap.addr, &format!("{host}:443"), "").await;
     assert_eq!(status, 200);
     let ca = ca_path(dir.path());
-    let tls = tls_connector(&[&ca]).connect(host.try_into().unwrap(), tcp).await.unwrap();
+    let tls = tls_connector(&[&ca])
+        .connect(host.try_into().unwrap(), tcp)
+        .await
+        .unwrap();
     // A SigV4 signature covers the method, path, query, Host, x-amz-* headers and the body's hash: each must
     // reach the provider exactly as signed.
-    let body = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
+    let body =
+        r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
     let path = "/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/invoke";
     let auth = "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261126/us-east-1/bedrock/aws4_request, \
                 SignedHeaders=content-type;host;x-amz-content-sha256;x-amz-date, \
@@ -352,7 +379,10 @@ async fn a_sigv4_signed_bedrock_request_passes_byte_for_byte() {
     let signed = [
         ("content-type", "application/json"),
         ("x-amz-date", "20261126T235900Z"),
-        ("x-amz-content-sha256", "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"),
+        (
+            "x-amz-content-sha256",
+            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        ),
         ("authorization", auth),
     ];
     let mut req = http::Request::post(path).header("host", host);
@@ -387,11 +417,10 @@ async fn bad_connects_get_clear_answers_and_are_counted() {
     // A TLS server whose certificate llmtap does not trust, standing in for api.openai.com.
     let untrusted = Scripted::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = forward_config(&up, "")
-        .replace(
-            &format!("\"api.openai.com\" = \"127.0.0.1:{}\"", up.addr.port()),
-            &format!("\"api.openai.com\" = \"127.0.0.1:{}\"", untrusted.addr.port()),
-        );
+    let config = forward_config(&up, "").replace(
+        &format!("\"api.openai.com\" = \"127.0.0.1:{}\"", up.addr.port()),
+        &format!("\"api.openai.com\" = \"127.0.0.1:{}\"", untrusted.addr.port()),
+    );
     let (tap, log) = Llmtap::start_capturing_log(&config, dir.path());
     tap.cli(&["ca"]);
     let ca = ca_path(dir.path());
@@ -405,9 +434,15 @@ async fn bad_connects_get_clear_answers_and_are_counted() {
     assert_eq!(tap.metric("llmtap_forward_connect_errors_total"), 1);
 
     // Malformed CONNECT lines: 400, never a tunnel.
-    for line in ["CONNECT api.openai.com HTTP/1.1", "CONNECT /v1/chat HTTP/1.1", "CONNECT  HTTP/1.1"] {
+    for line in [
+        "CONNECT api.openai.com HTTP/1.1",
+        "CONNECT /v1/chat HTTP/1.1",
+        "CONNECT  HTTP/1.1",
+    ] {
         let mut tcp = TcpStream::connect(tap.addr).await.unwrap();
-        tcp.write_all(format!("{line}\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+        tcp.write_all(format!("{line}\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
         let head = read_head(&mut tcp).await;
         assert!(head.starts_with("HTTP/1.1 400"), "{line:?} -> {head:?}");
     }
@@ -415,7 +450,10 @@ async fn bad_connects_get_clear_answers_and_are_counted() {
     // The upstream's certificate fails: a clear 502 to the client, and the trace kept with its request.
     let (status, _, tcp) = connect(tap.addr, "api.openai.com:443", "").await;
     assert_eq!(status, 200);
-    let tls = tls_connector(&[&ca]).connect("api.openai.com".try_into().unwrap(), tcp).await.unwrap();
+    let tls = tls_connector(&[&ca])
+        .connect("api.openai.com".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
     let body = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
     let req = http::Request::post("/v1/chat/completions")
         .header("host", "api.openai.com")

@@ -409,9 +409,15 @@ where
     let dir = tempfile::tempdir().unwrap();
     // The provider hosts too: forward-proxy tests send them here with `[forward] resolve`.
     let ca = rcgen::generate_simple_self_signed(
-        ["localhost", "127.0.0.1", "api.anthropic.com", "api.openai.com", "bedrock-runtime.us-east-1.amazonaws.com"]
-            .map(String::from)
-            .to_vec(),
+        [
+            "localhost",
+            "127.0.0.1",
+            "api.anthropic.com",
+            "api.openai.com",
+            "bedrock-runtime.us-east-1.amazonaws.com",
+        ]
+        .map(String::from)
+        .to_vec(),
     )
     .unwrap();
     let ca_pem_path = dir.path().join("upstream-ca.pem");
@@ -467,11 +473,13 @@ where
 
 /// The host a request named: `:authority` (HTTP/2, or an absolute URI), else the `Host` header.
 pub fn authority_of(parts: &http::request::Parts) -> Option<String> {
-    parts
-        .uri
-        .authority()
-        .map(|a| a.to_string())
-        .or_else(|| parts.headers.get("host").and_then(|v| v.to_str().ok()).map(str::to_owned))
+    parts.uri.authority().map(|a| a.to_string()).or_else(|| {
+        parts
+            .headers
+            .get("host")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    })
 }
 
 /// A response body fed from a channel, so the server can pace events and notice a peer that left.

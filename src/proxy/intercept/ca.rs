@@ -106,7 +106,12 @@ pub fn load_or_create(data_dir: &Path, permitted: &[String], rotate: bool) -> Re
     let names = fs::read_to_string(&names_path).unwrap_or_default();
     drop(lock);
     let key = KeyPair::from_pem(&key_pem)?;
-    let permitted: Vec<String> = names.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect();
+    let permitted: Vec<String> = names
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
     let params = ca_params(&key, &permitted);
     let der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|e| CaError::Io {
         action: "parse",
@@ -144,10 +149,7 @@ fn ca_params(key: &KeyPair, permitted: &[String]) -> CertificateParams {
     set_validity(&mut params, -1, 10 * 365);
     if !permitted.is_empty() {
         params.name_constraints = Some(NameConstraints {
-            permitted_subtrees: permitted
-                .iter()
-                .map(|d| GeneralSubtree::DnsName(d.clone()))
-                .collect(),
+            permitted_subtrees: permitted.iter().map(|d| GeneralSubtree::DnsName(d.clone())).collect(),
             excluded_subtrees: Vec::new(),
         });
     }
@@ -171,9 +173,12 @@ impl Ca {
         if self.permitted.is_empty() || host.parse::<std::net::IpAddr>().is_ok() {
             return true;
         }
-        self.permitted
-            .iter()
-            .any(|d| host == d || (host.len() > d.len() && host.ends_with(d.as_str()) && host.as_bytes()[host.len() - d.len() - 1] == b'.'))
+        self.permitted.iter().any(|d| {
+            host == d
+                || (host.len() > d.len()
+                    && host.ends_with(d.as_str())
+                    && host.as_bytes()[host.len() - d.len() - 1] == b'.')
+        })
     }
 
     /// The TLS server config presenting a certificate for `host`, minted on first use and cached.
@@ -267,7 +272,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_ca_is_made_once_with_a_private_key_and_leaves_chain_to_it() {
+    fn the_ca_is_made_once_with_a_private_key_covers_its_names_and_rotates() {
         let dir = tempfile::tempdir().unwrap();
         let names = vec!["anthropic.com".to_owned(), "openai.com".to_owned()];
         let ca = load_or_create(dir.path(), &names, false).unwrap();
@@ -284,9 +289,12 @@ mod tests {
         assert_eq!(again.permitted, names, "the names are those the certificate carries");
         assert!(again.covers("api.anthropic.com") && again.covers("openai.com"));
         assert!(!again.covers("evilanthropic.com") && !again.covers("bank.example"));
-        // A leaf minted after reloading verifies against the stored certificate.
+        // Real clients verify the chain (tests/forward_proxy.rs); here: minted once per host.
         let config = again.server_config("api.anthropic.com").unwrap();
-        assert!(Arc::ptr_eq(&config, &again.server_config("api.anthropic.com").unwrap()), "cached");
+        assert!(
+            Arc::ptr_eq(&config, &again.server_config("api.anthropic.com").unwrap()),
+            "cached"
+        );
         let rotated = load_or_create(dir.path(), &names, true).unwrap();
         assert_ne!(rotated.info.fingerprint, ca.info.fingerprint);
     }

@@ -193,7 +193,10 @@ mod tests {
     fn built_in_hosts_wildcards_and_configuration() {
         let l = list("[forward]\nintercept = [\"llm.corp.example\"]\npassthrough = [\"api.groq.com\"]\n");
         assert!(l.lookup("api.anthropic.com", 443).is_some());
-        assert!(l.lookup("api.anthropic.com", 8443).is_none(), "built-in hosts on 443 only");
+        assert!(
+            l.lookup("api.anthropic.com", 8443).is_none(),
+            "built-in hosts on 443 only"
+        );
         assert!(l.lookup("us-east5-aiplatform.googleapis.com", 443).is_some());
         assert!(l.lookup("storage.googleapis.com", 443).is_none());
         assert!(l.lookup("bedrock-runtime.us-east-1.amazonaws.com", 443).is_some());
@@ -203,15 +206,25 @@ mod tests {
         assert!(l.lookup("api.groq.com", 443).is_none(), "passthrough wins");
         assert!(l.lookup("github.com", 443).is_none());
         let chatgpt = l.lookup("chatgpt.com", 443).unwrap();
-        assert_eq!(chatgpt.api_for("/backend-api/codex/responses"), Some(Api::OpenAiResponses));
+        assert_eq!(
+            chatgpt.api_for("/backend-api/codex/responses"),
+            Some(Api::OpenAiResponses)
+        );
         assert_eq!(chatgpt.api_for("/backend-api/conversation"), None);
         let anthropic = l.lookup("api.anthropic.com", 443).unwrap();
         assert_eq!(anthropic.api_for("/v1/messages"), Some(Api::AnthropicMessages));
-        assert_eq!(anthropic.api_for("/v1/unknown"), Some(Api::Other), "kept as a raw trace");
+        assert_eq!(
+            anthropic.api_for("/v1/unknown"),
+            Some(Api::Other),
+            "kept as a raw trace"
+        );
         let names = l.ca_names();
         assert!(names.contains(&"googleapis.com".to_owned()), "{names:?}");
         assert!(names.contains(&"amazonaws.com".to_owned()));
         assert!(!names.contains(&"api.openai.com".to_owned()) || !names.contains(&"openai.com".to_owned()));
-        assert!(!names.contains(&"generativelanguage.googleapis.com".to_owned()), "covered by googleapis.com");
+        assert!(
+            !names.contains(&"generativelanguage.googleapis.com".to_owned()),
+            "covered by googleapis.com"
+        );
     }
 }

@@ -164,8 +164,8 @@ fn answer(status: StatusCode, kind: &str, message: &str) -> Response<ProxyBody> 
 }
 
 impl Interceptor {
-    fn target(&self, req: &Request<Incoming>) -> Result<Target, Refusal> {
-        let (user, password) = proxy_credentials(req.headers());
+    fn target(&self, uri: &http::Uri, headers: &http::HeaderMap) -> Result<Target, Refusal> {
+        let (user, password) = proxy_credentials(headers);
         match &self.access {
             Access::Open => {}
             Access::Closed => return Err(Refusal::Closed),
@@ -177,10 +177,10 @@ impl Interceptor {
                 Some(_) => {}
             },
         }
-        let authority = req.uri().authority();
+        let authority = uri.authority();
         let (host, port) = match authority.map(|a| (a.host(), a.port_u16())) {
-            Some((host, Some(port))) if !host.is_empty() && req.uri().path_and_query().is_none() => (host, port),
-            _ => return Err(Refusal::BadTarget(req.uri().to_string())),
+            Some((host, Some(port))) if !host.is_empty() && uri.path_and_query().is_none() => (host, port),
+            _ => return Err(Refusal::BadTarget(uri.to_string())),
         };
         Ok(Target {
             host: host.trim_matches(['[', ']']).to_ascii_lowercase(),
@@ -223,14 +223,16 @@ fn percent_decode(s: &str) -> String {
 /// to run once hyper hands the connection over.
 pub(super) async fn connect(proxy: &Arc<Proxy>, mut req: Request<Incoming>) -> Response<ProxyBody> {
     let interceptor = &proxy.intercept;
-    let target = match interceptor.target(&req) {
+    let target = match interceptor.target(req.uri(), req.headers()) {
         Ok(t) => t,
         Err(refusal) => {
             proxy.metrics.forward_refused.inc();
             let mut resp = answer(refusal.status(), "llmtap_connect_refused", &refusal.to_string());
             if refusal.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
-                resp.headers_mut()
-                    .insert(header::PROXY_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"llmtap\""));
+                resp.headers_mut().insert(
+                    header::PROXY_AUTHENTICATE,
+                    HeaderValue::from_static("Basic realm=\"llmtap\""),
+                );
             }
             return resp;
         }
@@ -356,10 +358,7 @@ async fn serve_intercepted(
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
-    if let Err(error) = builder
-        .serve_connection_with_upgrades(TokioIo::new(tls), service)
-        .await
-    {
+    if let Err(error) = builder.serve_connection_with_upgrades(TokioIo::new(tls), service).await {
         tracing::debug!(%error, "Intercepted connection ended with an error");
     }
 }
@@ -399,7 +398,55 @@ mod tests {
         assert_eq!(proxy_credentials(&h), (None, Some("tok".into())));
         let addr: SocketAddr = "127.0.0.1:8787".parse().unwrap();
         assert_eq!(proxy_url(addr, None, None), "http://127.0.0.1:8787");
-        assert_eq!(proxy_url(addr, Some("run-1"), None), "http://run-1:llmtap@127.0.0.1:8787");
+        assert_eq!(
+            proxy_url(addr, Some("run-1"), None),
+            "http://run-1:llmtap@127.0.0.1:8787"
+        );
         assert_eq!(proxy_url(addr, None, Some("t")), "http://llmtap:t@127.0.0.1:8787");
+    }
+
+    fn interceptor(toml: &str) -> Interceptor {
+        let config = crate::config::RawConfig::from_toml(toml).unwrap().validate().unwrap();
+        Interceptor::new(&config).unwrap()
+    }
+
+    fn basic(userpass: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        let value = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(userpass));
+        h.insert(header::PROXY_AUTHORIZATION, value.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn beyond_loopback_connect_needs_the_token_and_without_one_is_refused() {
+        let uri: http::Uri = "api.openai.com:443".parse().unwrap();
+        let none = http::HeaderMap::new();
+        let open = interceptor("listen = \"127.0.0.1:8787\"\n");
+        let t = open.target(&uri, &basic("run-7:llmtap")).unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.session.as_deref()),
+            ("api.openai.com", 443, Some("run-7"))
+        );
+        assert!(open.target(&uri, &none).is_ok(), "loopback: no credentials needed");
+
+        let closed = interceptor("listen = \"0.0.0.0:8787\"\n");
+        assert!(matches!(closed.target(&uri, &basic("x:y")), Err(Refusal::Closed)));
+
+        let guarded = interceptor("listen = \"0.0.0.0:8787\"\n[api]\ntoken = \"s3cret\"\n");
+        assert!(matches!(guarded.target(&uri, &none), Err(Refusal::NoCredentials)));
+        assert!(matches!(
+            guarded.target(&uri, &basic("llmtap:wrong")),
+            Err(Refusal::BadCredentials)
+        ));
+        let t = guarded.target(&uri, &basic("llmtap:s3cret")).unwrap();
+        assert_eq!(t.session, None, "the placeholder user names no session");
+        let mut bearer = http::HeaderMap::new();
+        bearer.insert(header::PROXY_AUTHORIZATION, "Bearer s3cret".parse().unwrap());
+        assert!(guarded.target(&uri, &bearer).is_ok());
+
+        for bad in ["api.openai.com", "/v1/chat"] {
+            let uri: http::Uri = bad.parse().unwrap();
+            assert!(matches!(open.target(&uri, &none), Err(Refusal::BadTarget(_))), "{bad}");
+        }
     }
 }

@@ -13,8 +13,8 @@ use super::super::forward::{strip_hop_by_hop, upstream_request_headers};
 use super::super::tap::{PendingExchange, RequestSlot, Tap, TapBody};
 use super::super::{AwaitingUpstream, Proxy, ProxyBody, ProxyError, error_chain, exchange_meta};
 use super::Target;
-use super::hosts::Intercepted;
 use super::body::UpstreamBody;
+use super::hosts::Intercepted;
 use super::websocket;
 use crate::capture::{Captured, Outcome, RawExchange, Timings, exchange_id, now_micros};
 

@@ -63,8 +63,11 @@ impl Resolver {
 
     /// Where a blind tunnel to `host:port` connects.
     pub fn target(&self, host: &str, port: u16) -> Option<SocketAddr> {
-        self.overrides.get(host).copied()
-            .or_else(|| host.parse::<std::net::IpAddr>().ok().map(|ip| SocketAddr::new(ip, port)))
+        self.overrides.get(host).copied().or_else(|| {
+            host.parse::<std::net::IpAddr>()
+                .ok()
+                .map(|ip| SocketAddr::new(ip, port))
+        })
     }
 }
 
@@ -111,12 +114,11 @@ impl InterceptClients {
 }
 
 fn client(ca_file: Option<&Path>, resolver: &Resolver, http2: bool) -> Result<InterceptClient, TlsSetupError> {
-    let tls =
-        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(TlsSetupError::Protocols)?
-            .with_root_certificates(super::super::forward::root_store(ca_file)?)
-            .with_no_client_auth();
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(TlsSetupError::Protocols)?
+        .with_root_certificates(super::super::forward::root_store(ca_file)?)
+        .with_no_client_auth();
     let mut http = HttpConnector::new_with_resolver(resolver.clone());
     http.enforce_http(false);
     http.set_nodelay(true);
