@@ -531,3 +531,93 @@ fn ca_command_prints_path_and_fingerprint_and_rotates() {
     let rotated = ca(&["--rotate"]);
     assert_ne!(fingerprint(&rotated), fingerprint(&first));
 }
+
+/// A TLS server for `api.openai.com` that accepts a WebSocket upgrade and echoes what follows. Returns its
+/// address and the PEM file of its self-signed certificate.
+async fn websocket_echo_server(dir: &Path) -> (SocketAddr, PathBuf) {
+    let cert = rcgen::generate_simple_self_signed(vec!["api.openai.com".to_owned()]).unwrap();
+    let pem = dir.join("ws-ca.pem");
+    std::fs::write(&pem, cert.cert.pem()).unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let service = hyper::service::service_fn(|mut req: http::Request<hyper::body::Incoming>| async move {
+                    let upgrade = hyper::upgrade::on(&mut req);
+                    tokio::spawn(async move {
+                        if let Ok(upgraded) = upgrade.await {
+                            let (mut r, mut w) = tokio::io::split(TokioIo::new(upgraded));
+                            let _ = tokio::io::copy(&mut r, &mut w).await;
+                        }
+                    });
+                    let resp = http::Response::builder()
+                        .status(101)
+                        .header("connection", "upgrade")
+                        .header("upgrade", "websocket")
+                        .header("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+                        .body(http_body_util::Empty::<Bytes>::new())
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    (addr, pem)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_upgrades_on_intercepted_hosts_are_relayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ws, ws_ca) = websocket_echo_server(dir.path()).await;
+    let config = format!(
+        "[api]\nlisten = \"off\"\n[forward]\nca_file = \"{}\"\n[forward.resolve]\n\"api.openai.com\" = \"{ws}\"\n",
+        ws_ca.display()
+    );
+    let tap = Llmtap::start(&config, &dir.path().join("data"));
+    tap.cli(&["ca"]);
+    let (status, _, tcp) = connect(tap.addr, "api.openai.com:443", "").await;
+    assert_eq!(status, 200);
+    let ca = ca_path(&tap.data_dir);
+    let tls = tls_connector(&[&ca])
+        .connect("api.openai.com".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn.with_upgrades());
+    let req = http::Request::get("/v1/realtime?model=gpt-realtime")
+        .header("host", "api.openai.com")
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 101);
+    assert_eq!(resp.headers()["sec-websocket-accept"], "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+    let mut upgraded = TokioIo::new(hyper::upgrade::on(resp).await.unwrap());
+    // A masked WebSocket text frame, as bytes: the relay passes them through unread.
+    let frame = [0x81u8, 0x84, 1, 2, 3, 4, b'p' ^ 1, b'i' ^ 2, b'n' ^ 3, b'g' ^ 4];
+    upgraded.write_all(&frame).await.unwrap();
+    let mut echoed = [0u8; 10];
+    tokio::time::timeout(std::time::Duration::from_secs(10), upgraded.read_exact(&mut echoed))
+        .await
+        .expect("echo within 10 s")
+        .unwrap();
+    assert_eq!(echoed, frame);
+}
