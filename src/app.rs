@@ -45,6 +45,32 @@ pub enum AppError {
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
+    run_with(config, shutdown, Announce::Stdout).await
+}
+
+/// Where the bound addresses go once listening.
+pub enum Announce {
+    /// One line each on stdout (`llmtap serve`; tests and scripts read them).
+    Stdout,
+    /// To the caller only: `llmtap run` keeps its child's stdout clean. (proxy, api, viewer)
+    Caller(tokio::sync::oneshot::Sender<Bound>),
+}
+
+/// The addresses an instance listens on.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub proxy: SocketAddr,
+    pub api: Option<SocketAddr>,
+    pub viewer: Option<SocketAddr>,
+}
+
+pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: Announce) -> Result<(), AppError> {
+    let to_stdout = matches!(announce_to, Announce::Stdout);
+    let announce = |line: &str| {
+        if to_stdout {
+            announce(line)
+        }
+    };
     if let Some(addr) = config.api_listen
         && !addr.ip().is_loopback()
         && config.api.token.is_none()
@@ -156,6 +182,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             }
             Err(error) => tracing::error!(%addr, %error, "Cannot listen for the viewer; running without it"),
         }
+    }
+    if let Announce::Caller(tx) = announce_to {
+        let _ = tx.send(Bound {
+            proxy: local,
+            api: listeners.grpc.as_ref().and_then(|l| l.local_addr().ok()),
+            viewer: listeners.viewer.as_ref().and_then(|l| l.local_addr().ok()),
+        });
     }
     if listeners.grpc.is_some() || listeners.viewer.is_some() {
         // Its own thread and runtime: no API or viewer client can take the proxy's workers or blocking pool.

@@ -106,6 +106,24 @@ pub struct RawConfig {
     pub server: RawServer,
     #[serde(default)]
     pub cost: RawCost,
+    #[serde(default)]
+    pub forward: RawForward,
+}
+
+/// `[forward]`: the forward-proxy mode (CONNECT on the proxy port; see `proxy::intercept`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawForward {
+    /// Hosts decrypted and captured besides the built-in list (`*` wildcards within one label).
+    pub intercept: Option<Vec<String>>,
+    /// Hosts taken off the intercept list: tunnelled blind, never decrypted.
+    pub passthrough: Option<Vec<String>>,
+    /// Extra trust anchors (PEM) for the TLS connections to intercepted hosts, besides the public roots.
+    pub ca_file: Option<PathBuf>,
+    /// For tests and local setups: connect to this address for a host (SNI, Host and certificate checks still
+    /// use the host name).
+    #[serde(default)]
+    pub resolve: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -228,6 +246,21 @@ pub struct Config {
     pub server: ServerConfig,
     /// `[cost] prices_file`: price overrides, read by [`Config::price_table`].
     pub prices_file: Option<PathBuf>,
+    /// `[forward]`: the forward-proxy mode.
+    pub forward: ForwardConfig,
+}
+
+/// The forward-proxy mode's settings (`[forward]`, see `proxy::intercept`).
+#[derive(Debug, Clone, Default)]
+pub struct ForwardConfig {
+    /// Host patterns added to the built-in intercept list (lowercase; `*` matches within one label).
+    pub intercept: Vec<String>,
+    /// Host patterns removed from it: never decrypted, even when built in.
+    pub passthrough: Vec<String>,
+    /// Extra trust anchors for the upstream side of intercepted connections.
+    pub ca_file: Option<PathBuf>,
+    /// Host → address to connect to instead of the host's DNS answer (tests; a local mirror).
+    pub resolve: BTreeMap<String, SocketAddr>,
 }
 
 impl Config {
@@ -702,8 +735,44 @@ impl RawConfig {
             resource,
             server,
             prices_file: self.cost.prices_file,
+            forward: forward_config(self.forward)?,
         })
     }
+}
+
+fn forward_config(raw: RawForward) -> Result<ForwardConfig, ConfigError> {
+    let patterns = |key: &str, list: Option<Vec<String>>| -> Result<Vec<String>, ConfigError> {
+        let list = list.unwrap_or_default();
+        for p in &list {
+            let ok = !p.is_empty()
+                && p.split('.').all(|label| !label.is_empty())
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '*'));
+            if !ok {
+                return Err(invalid(
+                    key,
+                    format!("{p:?} is not a host name pattern (letters, digits, '-', '.', '*' within a label)"),
+                ));
+            }
+        }
+        Ok(list.into_iter().map(|p| p.to_ascii_lowercase()).collect())
+    };
+    let mut resolve = BTreeMap::new();
+    for (host, addr) in raw.resolve {
+        let parsed: SocketAddr = addr.parse().map_err(|e| {
+            invalid(
+                format!("forward.resolve.{host}"),
+                format!("{addr:?} is not IP:PORT ({e})"),
+            )
+        })?;
+        resolve.insert(host.to_ascii_lowercase(), parsed);
+    }
+    Ok(ForwardConfig {
+        intercept: patterns("forward.intercept", raw.intercept)?,
+        passthrough: patterns("forward.passthrough", raw.passthrough)?,
+        ca_file: raw.ca_file,
+        resolve,
+    })
 }
 
 fn env_var(name: &str) -> Option<String> {

@@ -23,8 +23,17 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Serve { .. }) {
         llmtap::telemetry::init_logging(llmtap::config::LogFormat::Text);
     }
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+    let outcome = match cli.command {
+        // The command's own status is llmtap's.
+        Command::Run {
+            store,
+            session,
+            command,
+        } => run_command(store, session, command),
+        command => run(Cli { command }).map(|()| ExitCode::SUCCESS),
+    };
+    match outcome {
+        Ok(code) => code,
         Err(e) => {
             if llmtap::telemetry::logs_as_json() {
                 tracing::error!(error = format!("{e:#}"), "llmtap stopped");
@@ -236,6 +245,12 @@ fn run(cli: Cli) -> Result<()> {
                 }
             })?;
         }
+        Command::Ca { store, rotate } => {
+            let config = resolve_config(&store, None)?;
+            let ca = load_ca(&config, rotate)?;
+            print!("{}", llmtap::cli::run::describe(&ca.info));
+        }
+        Command::Run { .. } => anyhow::bail!("`run` is handled by main"),
         Command::Status { addr, config } => {
             let config = load_config(config.as_ref())?.validate()?;
             let token = config.api.token.as_ref().map(|t| t.expose());
@@ -247,6 +262,127 @@ fn run(cli: Cli) -> Result<()> {
     }
     Ok(())
 }
+
+fn load_ca(config: &Config, rotate: bool) -> Result<llmtap::proxy::intercept::ca::Ca> {
+    let names = llmtap::proxy::intercept::hosts::InterceptList::new(config).ca_names();
+    llmtap::proxy::intercept::ca::load_or_create(&config.data_dir, &names, rotate)
+        .context("cannot load or create llmtap's CA")
+}
+
+/// `llmtap run -- <command...>`: the command runs with its HTTPS through llmtap (the one listening at the
+/// config's address, else one started here for the run), as one session. Exits with the command's status.
+fn run_command(store: StoreArgs, session: Option<String>, command: Vec<String>) -> Result<ExitCode> {
+    use llmtap::cli::run;
+    let config = resolve_config(&store, None)?;
+    let ca = load_ca(&config, false)?;
+    let system = run::system_roots(std::env::var_os("SSL_CERT_FILE").as_deref().map(std::path::Path::new));
+    let (bundle, with_system) = run::write_bundle(&ca.info, system.as_deref())?;
+    if !with_system {
+        eprintln!("llmtap run: no system CA bundle found; SSL_CERT_FILE holds llmtap's CA alone");
+    }
+    let session = session.unwrap_or_else(run::new_session_id);
+    let listen = run::reachable(config.listen);
+    let token = config.api.token.as_ref().map(|t| t.expose().to_owned());
+    let running = fetch_metrics(&listen.to_string(), token.as_deref()).is_ok();
+    // In-process: the proxy on its own runtime and thread, stopped (and drained into the store) after the child.
+    let mut local = None;
+    let (proxy, viewer) = if running {
+        // A configured port 0 says nothing about where the running viewer is.
+        (
+            listen,
+            config.viewer_listen.filter(|v| v.port() != 0).map(run::reachable),
+        )
+    } else {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .on_thread_park(|| {
+                llmtap::capture::handoff::send_pending();
+                llmtap::allocator::release_on_tick();
+            })
+            .build()?;
+        let shutdown = CancellationToken::new();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stop = shutdown.clone();
+        let app_config = config.clone();
+        let thread = std::thread::Builder::new().name("llmtap-run".into()).spawn(move || {
+            let served = rt.block_on(async move {
+                // Ctrl-C reaches the child too; llmtap stops once the child has exited, not before.
+                tokio::spawn(async {
+                    loop {
+                        if tokio::signal::ctrl_c().await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                llmtap::app::run_with(app_config, stop, llmtap::app::Announce::Caller(tx)).await
+            });
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            served
+        })?;
+        let bound = match rx.blocking_recv() {
+            Ok(bound) => bound,
+            Err(_) => {
+                let outcome = thread.join();
+                return match outcome {
+                    Ok(Err(e)) => Err(e).context("cannot start llmtap for the run"),
+                    _ => Err(anyhow::anyhow!("llmtap did not start")),
+                };
+            }
+        };
+        local = Some((shutdown, thread));
+        (bound.proxy, bound.viewer)
+    };
+    let no_proxy = std::env::var("NO_PROXY").or_else(|_| std::env::var("no_proxy")).ok();
+    let env = run::child_env(
+        proxy,
+        &session,
+        token.as_deref(),
+        &ca.info.cert_path,
+        &bundle,
+        no_proxy.as_deref(),
+    );
+    eprintln!(
+        "llmtap run: session {session} through {} ({}){}; follow it with `llmtap tail --session {session}`",
+        run::reachable(proxy),
+        if running {
+            "the running llmtap"
+        } else {
+            "started for this run"
+        },
+        viewer
+            .map(|v| format!(", viewer http://{}/", run::reachable(v)))
+            .unwrap_or_default(),
+    );
+    let (program, args) = command.split_first().context("no command to run")?;
+    let status = std::process::Command::new(program)
+        .args(args)
+        .envs(env)
+        .status()
+        .with_context(|| format!("cannot run {program:?}"));
+    if let Some((shutdown, thread)) = local {
+        shutdown.cancel();
+        match thread.join() {
+            Ok(Err(e)) => eprintln!("llmtap: {e}"),
+            Err(_) => eprintln!("llmtap: the in-process proxy failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+    let status = status?;
+    Ok(match status.code() {
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        // Killed by a signal: the shell's convention, 128 + its number.
+        None => {
+            #[cfg(unix)]
+            {
+                use std::os::unix::process::ExitStatusExt;
+                ExitCode::from(128u8.saturating_add(status.signal().unwrap_or(1) as u8))
+            }
+            #[cfg(not(unix))]
+            ExitCode::FAILURE
+        }
+    })
+}
+
 
 /// GET /metrics from a running llmtap (hyper's client on a one-off runtime; 5 s to answer), with the API token
 /// as a bearer token when one is configured.

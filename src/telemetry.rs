@@ -191,6 +191,13 @@ pub struct Metrics {
     logged_process_error: Once,
     /// Store write failures come in episodes (a full disk): see [`Metrics::store_error`].
     store_episode: EpisodeLog,
+    /// Forward-proxy mode (`proxy::intercept`): CONNECT tunnels decrypted, tunnelled blind, refused or failed.
+    pub forward_intercepted: Counter,
+    pub forward_blind: Counter,
+    pub forward_blind_bytes: Counter,
+    pub forward_refused: Counter,
+    pub forward_connect_errors: Counter,
+    pub forward_handshake_failures: Counter,
 }
 
 impl Metrics {
@@ -259,6 +266,36 @@ impl Metrics {
     /// (name, help, value) for every counter, in a stable order.
     pub fn snapshot(&self) -> Vec<(&'static str, &'static str, u64)> {
         vec![
+            (
+                "llmtap_forward_intercepted_total",
+                "CONNECT tunnels to intercept-list hosts, decrypted and captured.",
+                self.forward_intercepted.get(),
+            ),
+            (
+                "llmtap_forward_blind_total",
+                "CONNECT tunnels to other hosts, relayed without decrypting.",
+                self.forward_blind.get(),
+            ),
+            (
+                "llmtap_forward_blind_bytes_total",
+                "Bytes relayed through blind CONNECT tunnels (both directions).",
+                self.forward_blind_bytes.get(),
+            ),
+            (
+                "llmtap_forward_refused_total",
+                "CONNECT requests refused (malformed target, or no valid token beyond loopback).",
+                self.forward_refused.get(),
+            ),
+            (
+                "llmtap_forward_connect_errors_total",
+                "Blind CONNECT tunnels whose target could not be reached (answered 502).",
+                self.forward_connect_errors.get(),
+            ),
+            (
+                "llmtap_forward_handshake_failures_total",
+                "Intercepted tunnels whose client refused llmtap's certificate or broke the TLS handshake.",
+                self.forward_handshake_failures.get(),
+            ),
             (
                 "llmtap_requests_total",
                 "Requests received on a configured route.",

@@ -1,5 +1,6 @@
 //! Command line. Pipeline shape lives in the config file; runtime-only knobs are flags.
 
+pub mod run;
 pub mod sessions;
 pub mod tail;
 
@@ -111,6 +112,32 @@ pub enum Command {
         /// Only calls of this agent (x-llmtap-agent).
         #[arg(long)]
         agent: Option<String>,
+    },
+    /// llmtap's local CA (forward-proxy mode): its path, fingerprint and how to trust or remove it.
+    ///
+    /// Creates it on first use under the data dir.
+    Ca {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Replace it with a new CA (new key; clients must trust the new one; restart a running llmtap).
+        #[arg(long)]
+        rotate: bool,
+    },
+    /// Run a command with its LLM traffic captured, its base URL untouched (forward-proxy mode).
+    ///
+    /// Sets HTTPS_PROXY, NO_PROXY, NODE_USE_ENV_PROXY, NODE_EXTRA_CA_CERTS, SSL_CERT_FILE, REQUESTS_CA_BUNDLE,
+    /// CURL_CA_BUNDLE and CODEX_CA_CERTIFICATE for it, and gives the run a session id. Uses the llmtap
+    /// listening at the config's address, or starts one in this process for the run. Exits with the
+    /// command's status.
+    Run {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The run's session id (default: a new `run-…` id).
+        #[arg(long)]
+        session: Option<String>,
+        /// The command and its arguments (after `--`).
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
     },
     /// Print a running llmtap's counters (from its /metrics endpoint).
     Status {

@@ -6,6 +6,7 @@
 
 pub mod conn;
 pub mod forward;
+pub mod intercept;
 pub mod limits;
 pub mod redact;
 pub mod route;
@@ -91,6 +92,8 @@ pub struct Proxy {
     redactor: redact::Redactor,
     /// Who may read `/metrics`.
     metrics_access: MetricsAccess,
+    /// The forward-proxy mode: CONNECT on this port.
+    intercept: intercept::Interceptor,
 }
 
 /// Who may read `/metrics`: model names and sink error strings are not for everyone who can reach the port.
@@ -154,6 +157,7 @@ impl Proxy {
             limit_log: EpisodeLog::default(),
             redactor: redact::Redactor::new(&config.capture.redact_headers),
             metrics_access: MetricsAccess::new(config),
+            intercept: intercept::Interceptor::new(config)?,
         })
     }
 
@@ -244,7 +248,10 @@ impl Proxy {
                     Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, active)))
                 }
             });
-            let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+            // With upgrades: a CONNECT's connection is handed to its tunnel (`intercept`).
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
             let idle = self.server.idle_timeout;
             let (drain, force) = (shutdown.clone(), force_close.clone());
             let watcher = {
@@ -287,6 +294,9 @@ impl Proxy {
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+        if req.method() == http::Method::CONNECT {
+            return Ok(intercept::connect(&self, req).await);
+        }
         if let Some(resp) = self.builtin_endpoint(&req) {
             return Ok(resp);
         }

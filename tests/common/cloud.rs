@@ -161,6 +161,7 @@ pub async fn serve_cloud(fixtures: Vec<CloudFixture>, bodies: HashMap<String, Ve
                     .find(|f| f.path.split('?').next() == path.split('?').next() && f.request.as_slice() == &body[..])
                     .or_else(|| list.iter().find(|f| f.path.split('?').next() == path.split('?').next()));
                 rec.lock().unwrap().push(Received {
+                    authority: authority_of(&parts),
                     fixture: fixture.map(|f| f.name.clone()),
                     method: parts.method.to_string(),
                     path: path.clone(),

@@ -333,6 +333,8 @@ pub struct Received {
     pub method: String,
     pub path: String,
     pub headers: HeaderMap,
+    /// The host the request named (`Host` over HTTP/1.1, `:authority` over HTTP/2).
+    pub authority: Option<String>,
     pub body: Bytes,
     /// Whether the body equals the recording's request bytes.
     pub body_matched: bool,
@@ -407,7 +409,19 @@ where
     Fut: std::future::Future<Output = Result<Response<ChannelBody>, std::io::Error>> + Send + 'static,
 {
     let dir = tempfile::tempdir().unwrap();
-    let ca = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    // The provider hosts too: forward-proxy tests send them here with `[forward] resolve`.
+    let ca = rcgen::generate_simple_self_signed(
+        [
+            "localhost",
+            "127.0.0.1",
+            "api.anthropic.com",
+            "api.openai.com",
+            "bedrock-runtime.us-east-1.amazonaws.com",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .unwrap();
     let ca_pem_path = dir.path().join("upstream-ca.pem");
     if tls {
         std::fs::write(&ca_pem_path, ca.cert.pem()).unwrap();
@@ -459,6 +473,17 @@ where
     }
 }
 
+/// The host a request named: `:authority` (HTTP/2, or an absolute URI), else the `Host` header.
+pub fn authority_of(parts: &http::request::Parts) -> Option<String> {
+    parts.uri.authority().map(|a| a.to_string()).or_else(|| {
+        parts
+            .headers
+            .get("host")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    })
+}
+
 /// A response body fed from a channel, so the server can pace events and notice a peer that left.
 pub struct ChannelBody(mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
 
@@ -498,6 +523,7 @@ async fn replay(state: Arc<ReplayState>, req: Request<Incoming>) -> Result<Respo
         method: parts.method.to_string(),
         path: path.clone(),
         headers: parts.headers.clone(),
+        authority: authority_of(&parts),
         body: body.clone(),
         body_matched: fixture.as_ref().is_some_and(|f| f.request == body),
         cancelled: cancelled.clone(),

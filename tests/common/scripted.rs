@@ -276,6 +276,7 @@ async fn answer(
         method: parts.method.to_string(),
         path: path.clone(),
         headers: parts.headers.clone(),
+        authority: authority_of(&parts),
         body: body.clone(),
         body_matched: false,
         cancelled: Arc::new(AtomicBool::new(false)),

@@ -1,0 +1,184 @@
+//! One decrypted request inside an intercepted tunnel: forwarded to the real host with its `Host`, path and
+//! bytes unchanged, and captured with the same taps, redaction and hand-off as base-URL mode
+//! (`Proxy::forward`); only the routing differs (the target is the CONNECT host, not a path prefix).
+
+use std::sync::Arc;
+
+use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Request, Response, StatusCode, Uri, header};
+use http_body_util::Either;
+use hyper::body::Incoming;
+
+use super::super::forward::{strip_hop_by_hop, upstream_request_headers};
+use super::super::tap::{PendingExchange, RequestSlot, Tap, TapBody};
+use super::super::{AwaitingUpstream, Proxy, ProxyBody, ProxyError, error_chain, exchange_meta};
+use super::Target;
+use super::body::UpstreamBody;
+use super::hosts::Intercepted;
+use super::websocket;
+use crate::capture::{Captured, Outcome, RawExchange, Timings, exchange_id, now_micros};
+
+pub struct Tunnel {
+    proxy: Arc<Proxy>,
+    host: String,
+    /// `host` or `host:port` (port left out when 443, so the upstream `Host` is what the client sent).
+    authority: Authority,
+    /// The exchange's `upstream`: the configured upstream serving this host (as base-URL mode names it), else
+    /// the host itself.
+    label: Arc<str>,
+    session: Option<String>,
+    intercepted: Intercepted,
+}
+
+impl Tunnel {
+    pub fn new(proxy: Arc<Proxy>, target: Target, intercepted: Intercepted) -> Tunnel {
+        let text = if target.port == 443 {
+            target.host.clone()
+        } else if target.host.contains(':') {
+            format!("[{}]:{}", target.host, target.port)
+        } else {
+            format!("{}:{}", target.host, target.port)
+        };
+        let authority = text
+            .parse()
+            .unwrap_or_else(|_| Authority::from_static("invalid.invalid"));
+        let label = proxy
+            .intercept
+            .label_for(&target.host, target.port)
+            .unwrap_or_else(|| Arc::from(text.as_str()));
+        Tunnel {
+            proxy,
+            host: target.host,
+            authority,
+            label,
+            session: target.session,
+            intercepted,
+        }
+    }
+
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        match self.forward(req).await {
+            Ok(resp) => resp,
+            Err(e) => e.into_response(),
+        }
+    }
+
+    fn upstream_uri(&self, req: &Request<Incoming>) -> Result<Uri, ProxyError> {
+        let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        Uri::builder()
+            .scheme(Scheme::HTTPS)
+            .authority(self.authority.clone())
+            .path_and_query(pq)
+            .build()
+            .map_err(|e| ProxyError::BadRequest(e.to_string()))
+    }
+
+    async fn forward(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
+        let proxy = &self.proxy;
+        let uri = self.upstream_uri(&req)?;
+        let clients = &proxy.intercept.clients;
+        if websocket::is_upgrade(&req) {
+            return websocket::relay(clients.websocket_for(&self.host), req, uri).await;
+        }
+        let api = self.intercepted.api_for(req.uri().path());
+        let capture = proxy.capture.as_ref().filter(|_| api.is_some());
+        let start = capture.is_some().then(now_micros).unwrap_or_default();
+        let (mut parts, body) = req.into_parts();
+        proxy.metrics.requests.inc();
+        let head_request = parts.method == http::Method::HEAD;
+
+        let (body, pending) = match (capture, api) {
+            (Some(capture_tx), Some(api)) => {
+                let meta = exchange_meta(&parts.headers, self.session.clone(), None);
+                // An HTTP/2 client names the host in `:authority`, not a header: the stored request says which
+                // host it went to either way.
+                let headers = if parts.headers.contains_key(header::HOST) {
+                    proxy.redactor.redact_headers(&parts.headers)
+                } else {
+                    let mut with_host = parts.headers.clone();
+                    if let Ok(v) = HeaderValue::from_str(self.authority.as_str()) {
+                        with_host.insert(header::HOST, v);
+                    }
+                    proxy.redactor.redact_headers(&with_host)
+                };
+                let slot = Arc::new(RequestSlot::default());
+                let tap = Tap::request(headers, proxy.max_body_bytes, capture_tx.budget().clone(), slot.clone());
+                let exchange = RawExchange {
+                    id: exchange_id(start),
+                    upstream: self.label.clone(),
+                    api,
+                    method: parts.method.clone(),
+                    path: proxy.redactor.redact_path_and_query(uri.path(), uri.query()),
+                    status: None,
+                    request: Captured::default(),
+                    response: None,
+                    timings: Timings {
+                        start,
+                        ..Timings::default()
+                    },
+                    outcome: Outcome::Complete,
+                    error: None,
+                    meta,
+                    charge: Default::default(),
+                };
+                let pending = PendingExchange {
+                    exchange,
+                    request: slot,
+                    capture: capture_tx.clone(),
+                };
+                (TapBody::new(body, Some(tap)), Some(pending))
+            }
+            _ => (TapBody::new(body, None), None),
+        };
+
+        parts.uri = uri;
+        parts.version = http::Version::HTTP_11;
+        // `host` goes too: the client library sets it from the URI, whose authority is the one the client
+        // connected to (and named in its own `Host`).
+        upstream_request_headers(&mut parts.headers);
+        let (body, unread) = UpstreamBody::returnable(body);
+        let upstream_req = Request::from_parts(parts, body);
+
+        let mut waiting = AwaitingUpstream(pending);
+        let resp = match clients.for_host(&self.host).request(upstream_req).await {
+            Ok(resp) => resp,
+            Err(error) => {
+                proxy.metrics.upstream_errors.inc();
+                let error = ProxyError::Upstream(error_chain(&error));
+                if waiting.0.is_some() {
+                    keep_unsent_request(unread).await;
+                }
+                waiting.send(Outcome::UpstreamError, error.to_string());
+                return Err(error);
+            }
+        };
+        let pending = waiting.0.take();
+
+        let (mut parts, body) = resp.into_parts();
+        parts.version = http::Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
+        let tap = pending.map(|mut p| {
+            p.exchange.status = Some(parts.status.as_u16());
+            Tap::response(proxy.redactor.redact_headers(&parts.headers), proxy.max_body_bytes, p)
+        });
+        let mut body = TapBody::new(body, tap);
+        let s = parts.status;
+        if head_request || s.is_informational() || s == StatusCode::NO_CONTENT || s == StatusCode::NOT_MODIFIED {
+            body.finish_bodiless();
+        }
+        Ok(Response::from_parts(parts, Either::Left(body)))
+    }
+}
+
+/// The request body the client library dropped unread (the upstream was never reached): read to its end
+/// through its tap, so the failed exchange's trace keeps the request. Bounded: the client is sending it anyway,
+/// and its 502 waits at most this long.
+async fn keep_unsent_request(unread: tokio::sync::oneshot::Receiver<TapBody<Incoming>>) {
+    use http_body_util::BodyExt;
+    let read = async {
+        if let Ok(mut body) = unread.await {
+            while let Some(Ok(_)) = body.frame().await {}
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+}

@@ -1,0 +1,623 @@
+//! The forward-proxy mode through the real binary: CONNECT on the proxy port, TLS terminated with a leaf from
+//! llmtap's CA for intercept-list hosts (captured like base-URL mode, the host and bytes unchanged), blind
+//! tunnels for everything else, `llmtap run` and `llmtap ca`, and the bad cases.
+//!
+//! The provider hosts cannot be reached from tests: `[forward] resolve` (the test-only address override)
+//! sends them to the scripted upstream, which serves a certificate for those names under its own test CA
+//! (`[forward] ca_file`). Clients see only llmtap's CA.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::clients::*;
+use common::scripted::{SCRIPTED_TEXT, Scripted};
+use common::*;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Config sending the provider hosts to `up` (and trusting its test CA on llmtap's upstream side).
+fn forward_config(up: &Upstream, extra: &str) -> String {
+    let port = up.addr.port();
+    let mut resolve = String::new();
+    for host in [
+        "api.anthropic.com",
+        "api.openai.com",
+        "bedrock-runtime.us-east-1.amazonaws.com",
+    ] {
+        resolve.push_str(&format!("\"{host}\" = \"127.0.0.1:{port}\"\n"));
+    }
+    upstream_config(
+        up,
+        &format!(
+            "{extra}[forward]\nca_file = \"{}\"\n[forward.resolve]\n{resolve}",
+            up.ca_pem_path.display()
+        ),
+    )
+}
+
+fn ca_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("ca/llmtap-ca.pem")
+}
+
+/// `CONNECT target` on a fresh connection; the status and head of the answer, and the connection.
+async fn connect(proxy: SocketAddr, target: &str, extra_headers: &str) -> (u16, String, TcpStream) {
+    let mut tcp = TcpStream::connect(proxy).await.unwrap();
+    tcp.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra_headers}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let head = read_head(&mut tcp).await;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    (status, head, tcp)
+}
+
+/// Reads up to the end of a response head (byte by byte: what follows belongs to the tunnel).
+async fn read_head(tcp: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if tcp.read(&mut byte).await.unwrap() == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// A TLS client trusting only the certificates in `roots`.
+fn tls_connector(roots: &[&Path]) -> tokio_rustls::TlsConnector {
+    let mut store = rustls::RootCertStore::empty();
+    for path in roots {
+        for cert in rustls_pki_types::pem::PemObject::pem_file_iter(path).unwrap() {
+            store.add(cert.unwrap()).unwrap();
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// One HTTP/1.1 request over `io`; status, headers, body.
+async fn request_over<IO>(io: IO, req: http::Request<Full<Bytes>>) -> (u16, http::HeaderMap, Bytes)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.unwrap();
+    tokio::spawn(conn);
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, body)
+}
+
+/// `llmtap run` for the test's llmtap: its config with `listen` naming the running instance.
+fn run_command(tap: &Llmtap, config: &str, args: &[&str]) -> Command {
+    let run_config = tap.data_dir.join("run.toml");
+    std::fs::write(&run_config, format!("listen = \"{}\"\n{config}", tap.addr)).unwrap();
+    let mut c = llmtap_command();
+    c.arg("run")
+        .arg("--config")
+        .arg(&run_config)
+        .arg("--data-dir")
+        .arg(&tap.data_dir)
+        .args(args);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdks_through_llmtap_run_keep_their_base_url_and_are_captured() {
+    let up = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = forward_config(&up, "");
+    let tap = Llmtap::start(&config, dir.path());
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/forward_clients.py");
+    let mut cmd = run_command(&tap, &config, &["--session", "fwd-sdk", "--"]);
+    cmd.arg(python())
+        .arg(script)
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("ANTHROPIC_BASE_URL")
+        .env("OPENAI_API_KEY", "sk-test-FWDSECRET-openai")
+        .env("ANTHROPIC_API_KEY", "sk-ant-FWDSECRET-anthropic");
+    let run = run_client(cmd, 60).await;
+    assert!(run.stderr.contains("session fwd-sdk"), "{}", run.stderr);
+    let r: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    assert_eq!(r["openai_chat"]["content"], SCRIPTED_TEXT);
+    assert_eq!(r["openai_responses_stream"]["text"], SCRIPTED_TEXT);
+    assert_eq!(r["openai_responses_stream"]["final_text"], SCRIPTED_TEXT);
+    assert_eq!(r["anthropic"]["text"], SCRIPTED_TEXT);
+    assert_eq!(r["anthropic_stream"]["text"], SCRIPTED_TEXT);
+
+    // The upstream saw the providers' own hosts, and every exchange is stored with the bytes it sent.
+    let received = up.received();
+    assert_eq!(received.len(), 4, "{}", up.dump());
+    for rec in &received {
+        let host = rec.authority.as_deref().unwrap_or_default();
+        assert!(host == "api.openai.com" || host == "api.anthropic.com", "{host}");
+        assert!(rec.headers.get("proxy-authorization").is_none());
+    }
+    let traces = up.assert_captured(&tap);
+    for t in &traces {
+        let host = t["upstream"].as_str().unwrap();
+        assert!(host == "api.openai.com" || host == "api.anthropic.com", "{t:#}");
+        assert_eq!(t["session_id"], "fwd-sdk", "the run's session: {t:#}");
+        assert_eq!(t["headers"]["request"]["host"], host, "the real host is recorded");
+    }
+    let apis: Vec<&str> = traces.iter().map(|t| t["api"].as_str().unwrap()).collect();
+    for api in ["openai.chat", "openai.responses", "anthropic.messages"] {
+        assert!(apis.contains(&api), "{apis:?}");
+    }
+    assert!(tap.metric("llmtap_forward_intercepted_total") >= 2);
+    assert_eq!(files_containing(&tap.data_dir, "FWDSECRET"), Vec::<PathBuf>::new());
+}
+
+/// The native Claude Code binary of the pinned npm package (None: no build for this platform).
+fn claude_binary() -> Option<PathBuf> {
+    let platform = match (std::env::consts::OS, std::env::consts::ARCH) {
+        ("linux", "x86_64") => "linux-x64",
+        ("linux", "aarch64") => "linux-arm64",
+        ("macos", "x86_64") => "darwin-x64",
+        ("macos", "aarch64") => "darwin-arm64",
+        _ => return None,
+    };
+    let pkg = node_package("@anthropic-ai/claude-code");
+    let native = node_clients_dir()
+        .join("node_modules/@anthropic-ai")
+        .join(format!("claude-code-{platform}"))
+        .join("claude");
+    if native.exists() {
+        return Some(native);
+    }
+    let wrapper = pkg.join("bin/claude.exe");
+    wrapper.exists().then_some(wrapper)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_through_llmtap_run_is_captured_without_a_base_url() {
+    let Some(bin) = claude_binary() else {
+        eprintln!("SKIP: no Claude Code build for this platform");
+        return;
+    };
+    let up = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = forward_config(&up, "");
+    let tap = Llmtap::start(&config, dir.path());
+    let (home, project) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let key = "sk-ant-api03-CLIENTSECRET-forward";
+    let mut cmd = run_command(&tap, &config, &["--"]);
+    cmd.arg(&bin)
+        .current_dir(project.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("CLAUDE_CONFIG_DIR", home.path().join(".claude"))
+        .env("ANTHROPIC_API_KEY", key)
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_ERROR_REPORTING", "1")
+        .env("DISABLE_BUG_COMMAND", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("CLAUDE_CODE_DISABLE_TERMINAL_TITLE", "1")
+        .args(["-p", "Say hi using the shell."])
+        .args(["--output-format", "json", "--allowedTools", "Bash"]);
+    let run = run_client(cmd, 90).await;
+    eprintln!("claude -p via llmtap run: {:.1} s\n{}", run.secs, up.dump());
+    let out: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    assert_eq!(out["result"], SCRIPTED_TEXT, "{out:#}");
+    let session = run
+        .stderr
+        .split("session ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+
+    let calls = up.model_calls();
+    assert!(calls.iter().any(|s| s.tool.as_deref() == Some("Bash")), "{}", up.dump());
+    for rec in up.received() {
+        assert_eq!(
+            rec.authority.as_deref(),
+            Some("api.anthropic.com"),
+            "the base URL was the real one"
+        );
+    }
+    let traces = up.assert_captured(&tap);
+    assert!(traces.iter().all(|t| t["upstream"] == "api.anthropic.com"));
+    assert!(
+        traces.iter().all(|t| t["session_id"] == session.as_str()),
+        "one session for the run"
+    );
+    // The tool round: the Bash call's result joined to it, as in base-URL mode.
+    let steps = tap.export("steps", &[]);
+    let bash = steps
+        .iter()
+        .flat_map(|s| s["tool_calls"].as_array().cloned().unwrap_or_default())
+        .find(|c| c["tool_name"] == "Bash")
+        .unwrap_or_else(|| panic!("no Bash call: {steps:#?}"));
+    let observed = steps
+        .iter()
+        .flat_map(|s| s["observations"].as_array().cloned().unwrap_or_default())
+        .any(|o| o["source_call_id"] == bash["tool_call_id"]);
+    assert!(observed, "the Bash call has its result: {steps:#?}");
+    assert!(
+        up.received()
+            .iter()
+            .any(|r| r.headers.get("x-api-key").is_some_and(|v| v == key))
+    );
+    assert_eq!(files_containing(&tap.data_dir, "CLIENTSECRET"), Vec::<PathBuf>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llmtap_run_starts_an_in_process_llmtap_when_none_runs() {
+    let up = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("listen = \"127.0.0.1:0\"\n{}", forward_config(&up, ""));
+    let config_path = dir.path().join("run.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut cmd = llmtap_command();
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config_path)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args([
+            "--session",
+            "inproc",
+            "--",
+            "curl",
+            "-sS",
+            "--fail",
+            "https://api.anthropic.com/v1/messages",
+        ])
+        .args([
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "x-api-key: sk-ant-INPROCSECRET",
+            "-d",
+            body,
+        ]);
+    let run = run_client(cmd, 60).await;
+    assert!(run.stderr.contains("started for this run"), "{}", run.stderr);
+    let answer: Value = serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    assert_eq!(answer["content"][0]["text"], SCRIPTED_TEXT);
+    // The in-process llmtap drained into the store before `run` exited.
+    let out = llmtap_command()
+        .args(["export", "--format", "provider-traces", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let traces: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(traces.len(), 1, "{traces:#?}");
+    assert_eq!(traces[0]["session_id"], "inproc");
+    assert_eq!(traces[0]["upstream"], "api.anthropic.com");
+    assert_eq!(traces[0]["api"], "anthropic.messages");
+    assert_eq!(files_containing(dir.path(), "INPROCSECRET"), Vec::<PathBuf>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_off_the_list_are_tunnelled_blind() {
+    let up = Scripted::start().await;
+    // Another TLS server, on no list: its own certificate must reach the client untouched.
+    let other = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&forward_config(&up, ""), dir.path());
+    let target = format!("localhost:{}", other.addr.port());
+    let (status, _, tcp) = connect(tap.addr, &target, "").await;
+    assert_eq!(status, 200);
+    // Trusting only the real server's certificate: a certificate minted by llmtap would fail here.
+    let tls = tls_connector(&[&other.ca_pem_path])
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .expect("the client sees the real server's certificate");
+    let body = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+    let req = http::Request::post("/v1/chat/completions")
+        .header("host", &target)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let (status, _, answer) = request_over(tls, req).await;
+    assert_eq!(status, 200);
+    let sent = other.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(answer.as_ref(), sent[0].body.as_slice(), "bytes unchanged");
+    assert_eq!(other.received()[0].body.as_ref(), body.as_bytes());
+    // Counted, never captured.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tap.metric("llmtap_forward_blind_total") == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(tap.metric("llmtap_forward_blind_total"), 1);
+    assert_eq!(tap.metric("llmtap_forward_intercepted_total"), 0);
+    tap.wait_settled();
+    assert_eq!(tap.metric("llmtap_captured_total"), 0);
+    assert!(tap.export("provider-traces", &[]).is_empty());
+    assert!(!ca_path(dir.path()).exists(), "no CA is made for blind tunnels");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigv4_signed_bedrock_request_passes_byte_for_byte() {
+    let up = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&forward_config(&up, ""), dir.path());
+    tap.cli(&["ca"]);
+    let host = "bedrock-runtime.us-east-1.amazonaws.com";
+    let (status, _, tcp) = connect(tap.addr, &format!("{host}:443"), "").await;
+    assert_eq!(status, 200);
+    let ca = ca_path(dir.path());
+    let tls = tls_connector(&[&ca])
+        .connect(host.try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    // A SigV4 signature covers the method, path, query, Host, x-amz-* headers and the body's hash: each must
+    // reach the provider exactly as signed.
+    let body =
+        r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
+    let path = "/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/invoke";
+    let auth = "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261126/us-east-1/bedrock/aws4_request, \
+                SignedHeaders=content-type;host;x-amz-content-sha256;x-amz-date, \
+                Signature=5d672d79c15b13162d9279b0855cfba6789a8edb4c82c400e06b5924a6f2b5d7";
+    let signed = [
+        ("content-type", "application/json"),
+        ("x-amz-date", "20261126T235900Z"),
+        (
+            "x-amz-content-sha256",
+            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        ),
+        ("authorization", auth),
+    ];
+    let mut req = http::Request::post(path).header("host", host);
+    for (k, v) in signed {
+        req = req.header(k, v);
+    }
+    let (status, _, answer) = request_over(tls, req.body(Full::new(Bytes::from(body))).unwrap()).await;
+    // The scripted upstream knows no Bedrock path: its own answer (not llmtap's) comes back unchanged.
+    let sent = up.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(status, sent[0].status);
+    assert_eq!(answer.as_ref(), sent[0].body.as_slice());
+    let rec = &up.received()[0];
+    assert_eq!(rec.authority.as_deref(), Some(host));
+    assert_eq!(rec.path, path, "path (and its encoding) unchanged");
+    assert_eq!(rec.method, "POST");
+    for (k, v) in signed {
+        assert_eq!(rec.headers.get(k).unwrap(), v, "{k}");
+    }
+    assert_eq!(rec.body.as_ref(), body.as_bytes());
+    // Kept as a raw trace (no adapter knows Bedrock's invoke path), with the signature redacted.
+    let traces = tap.wait_for_traces(1);
+    assert_eq!(traces[0]["upstream"], host);
+    assert_eq!(traces[0]["path"], path);
+    assert_eq!(traces[0]["headers"]["request"]["authorization"], "REDACTED");
+    assert_eq!(files_containing(dir.path(), "5d672d79c15b1316"), Vec::<PathBuf>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_connects_get_clear_answers_and_are_counted() {
+    let up = Scripted::start().await;
+    // A TLS server whose certificate llmtap does not trust, standing in for api.openai.com.
+    let untrusted = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = forward_config(&up, "").replace(
+        &format!("\"api.openai.com\" = \"127.0.0.1:{}\"", up.addr.port()),
+        &format!("\"api.openai.com\" = \"127.0.0.1:{}\"", untrusted.addr.port()),
+    );
+    let (tap, log) = Llmtap::start_capturing_log(&config, dir.path());
+    tap.cli(&["ca"]);
+    let ca = ca_path(dir.path());
+
+    // A closed port: 502 with the reason, no tunnel.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let (status, head, _) = connect(tap.addr, &format!("127.0.0.1:{closed_port}"), "").await;
+    assert_eq!(status, 502, "{head}");
+    assert_eq!(tap.metric("llmtap_forward_connect_errors_total"), 1);
+
+    // Malformed CONNECT lines: 400, never a tunnel.
+    for line in [
+        "CONNECT api.openai.com HTTP/1.1",
+        "CONNECT /v1/chat HTTP/1.1",
+        "CONNECT  HTTP/1.1",
+    ] {
+        let mut tcp = TcpStream::connect(tap.addr).await.unwrap();
+        tcp.write_all(format!("{line}\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let head = read_head(&mut tcp).await;
+        assert!(head.starts_with("HTTP/1.1 400"), "{line:?} -> {head:?}");
+    }
+
+    // The upstream's certificate fails: a clear 502 to the client, and the trace kept with its request.
+    let (status, _, tcp) = connect(tap.addr, "api.openai.com:443", "").await;
+    assert_eq!(status, 200);
+    let tls = tls_connector(&[&ca])
+        .connect("api.openai.com".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let body = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+    let req = http::Request::post("/v1/chat/completions")
+        .header("host", "api.openai.com")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let (status, _, answer) = request_over(tls, req).await;
+    assert_eq!(status, 502);
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(answer["error"]["type"], "llmtap_upstream_unreachable");
+    assert!(untrusted.received().is_empty());
+    let traces = tap.wait_for_traces(1);
+    assert_eq!(traces[0]["outcome"], "upstream_error");
+    assert_eq!(traces[0]["upstream"], "api.openai.com");
+    assert_eq!(traces[0]["request"]["messages"][0]["content"], "hi", "{:#}", traces[0]);
+
+    // A client that does not trust llmtap's CA: its handshake fails, counted, logged once.
+    for _ in 0..3 {
+        let (status, _, tcp) = connect(tap.addr, "api.anthropic.com:443", "").await;
+        assert_eq!(status, 200);
+        let refused = tls_connector(&[&up.ca_pem_path])
+            .connect("api.anthropic.com".try_into().unwrap(), tcp)
+            .await;
+        assert!(refused.is_err(), "a client without llmtap's CA refuses its certificate");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tap.metric("llmtap_forward_handshake_failures_total") < 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(tap.metric("llmtap_forward_handshake_failures_total"), 3);
+    let logged = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("refused llmtap's certificate"))
+        .count();
+    assert_eq!(logged, 1, "logged once");
+    assert!(up.received().is_empty(), "nothing reached the upstream");
+}
+
+#[test]
+fn ca_command_prints_path_and_fingerprint_and_rotates() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = |args: &[&str]| {
+        let out = llmtap_command()
+            .arg("ca")
+            .args(args)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let fingerprint = |text: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("SHA-256:"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let first = ca(&[]);
+    assert!(first.contains("(created now)"));
+    assert!(first.contains(&ca_path(dir.path()).display().to_string()));
+    assert!(first.contains("NODE_EXTRA_CA_CERTS") && first.contains("update-ca-certificates"));
+    let again = ca(&[]);
+    assert!(!again.contains("(created now)"));
+    assert_eq!(fingerprint(&first), fingerprint(&again));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let key = dir.path().join("ca/llmtap-ca-key.pem");
+        assert_eq!(std::fs::metadata(key).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    let rotated = ca(&["--rotate"]);
+    assert_ne!(fingerprint(&rotated), fingerprint(&first));
+}
+
+/// A TLS server for `api.openai.com` that accepts a WebSocket upgrade and echoes what follows. Returns its
+/// address and the PEM file of its self-signed certificate.
+async fn websocket_echo_server(dir: &Path) -> (SocketAddr, PathBuf) {
+    let cert = rcgen::generate_simple_self_signed(vec!["api.openai.com".to_owned()]).unwrap();
+    let pem = dir.join("ws-ca.pem");
+    std::fs::write(&pem, cert.cert.pem()).unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let service = hyper::service::service_fn(|mut req: http::Request<hyper::body::Incoming>| async move {
+                    let upgrade = hyper::upgrade::on(&mut req);
+                    tokio::spawn(async move {
+                        if let Ok(upgraded) = upgrade.await {
+                            let (mut r, mut w) = tokio::io::split(TokioIo::new(upgraded));
+                            let _ = tokio::io::copy(&mut r, &mut w).await;
+                        }
+                    });
+                    let resp = http::Response::builder()
+                        .status(101)
+                        .header("connection", "upgrade")
+                        .header("upgrade", "websocket")
+                        .header("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+                        .body(http_body_util::Empty::<Bytes>::new())
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    (addr, pem)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_upgrades_on_intercepted_hosts_are_relayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ws, ws_ca) = websocket_echo_server(dir.path()).await;
+    let config = format!(
+        "[api]\nlisten = \"off\"\n[forward]\nca_file = \"{}\"\n[forward.resolve]\n\"api.openai.com\" = \"{ws}\"\n",
+        ws_ca.display()
+    );
+    let tap = Llmtap::start(&config, &dir.path().join("data"));
+    tap.cli(&["ca"]);
+    let (status, _, tcp) = connect(tap.addr, "api.openai.com:443", "").await;
+    assert_eq!(status, 200);
+    let ca = ca_path(&tap.data_dir);
+    let tls = tls_connector(&[&ca])
+        .connect("api.openai.com".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn.with_upgrades());
+    let req = http::Request::get("/v1/realtime?model=gpt-realtime")
+        .header("host", "api.openai.com")
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 101);
+    assert_eq!(resp.headers()["sec-websocket-accept"], "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+    let mut upgraded = TokioIo::new(hyper::upgrade::on(resp).await.unwrap());
+    // A masked WebSocket text frame, as bytes: the relay passes them through unread.
+    let frame = [0x81u8, 0x84, 1, 2, 3, 4, b'p' ^ 1, b'i' ^ 2, b'n' ^ 3, b'g' ^ 4];
+    upgraded.write_all(&frame).await.unwrap();
+    let mut echoed = [0u8; 10];
+    tokio::time::timeout(std::time::Duration::from_secs(10), upgraded.read_exact(&mut echoed))
+        .await
+        .expect("echo within 10 s")
+        .unwrap();
+    assert_eq!(echoed, frame);
+}
