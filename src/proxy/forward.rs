@@ -59,7 +59,7 @@ impl Clients {
     }
 }
 
-fn root_store(ca_file: Option<&Path>) -> Result<RootCertStore, TlsSetupError> {
+pub(super) fn root_store(ca_file: Option<&Path>) -> Result<RootCertStore, TlsSetupError> {
     let mut roots = RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = ca_file {

@@ -10,6 +10,7 @@ pub mod limits;
 pub mod redact;
 pub mod route;
 pub mod tap;
+pub mod websocket;
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -89,6 +90,9 @@ pub struct Proxy {
     limit_log: EpisodeLog,
     /// What the captured copy hides (built-in rule plus `capture.redact_headers`).
     redactor: redact::Redactor,
+    /// Upgraded (WebSocket) connections to upstreams, and their capture thread once one is captured.
+    ws_connector: websocket::Connector,
+    ws_capture: std::sync::OnceLock<Option<crate::capture::websocket::WsCapture>>,
 }
 
 impl Proxy {
@@ -107,6 +111,8 @@ impl Proxy {
             accept_errors: EpisodeLog::default(),
             limit_log: EpisodeLog::default(),
             redactor: redact::Redactor::new(&config.capture.redact_headers),
+            ws_connector: websocket::Connector::build(config.upstreams.values())?,
+            ws_capture: std::sync::OnceLock::new(),
         })
     }
 
@@ -197,7 +203,9 @@ impl Proxy {
                     Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, active)))
                 }
             });
-            let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
             let idle = self.server.idle_timeout;
             let (drain, force) = (shutdown.clone(), force_close.clone());
             let watcher = {
@@ -284,6 +292,13 @@ impl Proxy {
         let query = parts.uri.query().map(str::to_owned);
         let uri =
             upstream_uri(&upstream, route.rest, query.as_deref()).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
+        if websocket::is_upgrade(&parts) {
+            let meta = self
+                .capture
+                .is_some()
+                .then(|| exchange_meta(&parts.headers, route.session, route.agent));
+            return self.websocket(parts, upstream, uri, meta, start).await;
+        }
 
         let (body, pending) = match &self.capture {
             None => (TapBody::new(body, None), None),

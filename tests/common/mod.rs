@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 
 pub mod clients;
 pub mod scripted;
+pub mod ws;
 
 // === fixtures ===
 

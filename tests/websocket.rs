@@ -1,0 +1,319 @@
+//! WebSocket upgrades through the real binary: relayed byte for byte both ways, captured per message off the
+//! data path (Responses WebSocket mode, Realtime, or raw), bounded like bodies.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::ws::{
+    Recording, WsUpstream, after_handshake, realtime_text, realtime_usage, responses_text, responses_usage,
+};
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+
+type Client = WebSocketStream<Recording<TcpStream>>;
+
+/// What the client read and wrote.
+type Recorded = (Arc<Mutex<Vec<u8>>>, Arc<Mutex<Vec<u8>>>);
+
+struct Opened {
+    ws: Client,
+    read: Arc<Mutex<Vec<u8>>>,
+    written: Arc<Mutex<Vec<u8>>>,
+}
+
+async fn open(tap: &Llmtap, path: &str) -> Opened {
+    let stream = Recording::new(TcpStream::connect(tap.addr).await.unwrap());
+    let (read, written) = (stream.read.clone(), stream.written.clone());
+    let (ws, resp) = tokio_tungstenite::client_async(format!("ws://{}{}", tap.addr, path), stream)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 101);
+    Opened { ws, read, written }
+}
+
+fn config(up: &WsUpstream, extra: &str) -> String {
+    format!(
+        "[upstreams.openai]\nurl = \"http://{}\"\n[api]\nlisten = \"off\"\n{extra}",
+        up.addr
+    )
+}
+
+/// Close the client and wait until the upstream has seen its connection end.
+async fn close(mut ws: Client, up: &WsUpstream, conn: usize) {
+    ws.close(None).await.unwrap();
+    while let Some(Ok(_)) = ws.next().await {}
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !up.conns()[conn].closed.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the upstream's connection did not end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What each side wrote is what the other read, after the two handshakes (which llmtap rewrites: `host`).
+fn assert_bytes_identical(client: &Recorded, up: &WsUpstream, conn: usize) {
+    let upstream = &up.conns()[conn];
+    let (client_written, client_read) = (client.1.lock().unwrap().clone(), client.0.lock().unwrap().clone());
+    let (up_written, up_read) = (
+        upstream.written.lock().unwrap().clone(),
+        upstream.read.lock().unwrap().clone(),
+    );
+    assert!(
+        after_handshake(&client_written) == after_handshake(&up_read),
+        "client → upstream bytes differ ({} vs {} bytes)",
+        after_handshake(&client_written).len(),
+        after_handshake(&up_read).len()
+    );
+    assert!(
+        after_handshake(&up_written) == after_handshake(&client_read),
+        "upstream → client bytes differ ({} vs {} bytes)",
+        after_handshake(&up_written).len(),
+        after_handshake(&client_read).len()
+    );
+    assert!(!after_handshake(&up_written).is_empty());
+}
+
+async fn next_json(ws: &mut Client) -> Value {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("an event in time")
+        {
+            Some(Ok(Message::Text(t))) => return serde_json::from_str(&t).unwrap(),
+            Some(Ok(_)) => continue,
+            other => panic!("socket ended: {other:?}"),
+        }
+    }
+}
+
+/// Events until `n` terminal events (`kind`) have arrived; returns the terminal events.
+async fn until(ws: &mut Client, kind: &str, n: usize) -> Vec<Value> {
+    let mut done = Vec::new();
+    while done.len() < n {
+        let e = next_json(ws).await;
+        if e["type"] == kind {
+            done.push(e);
+        }
+    }
+    done
+}
+
+fn header<'a>(trace: &'a Value, side: &str, name: &str) -> Option<&'a str> {
+    trace["headers"][side][name].as_str()
+}
+
+#[tokio::test]
+async fn any_other_websocket_is_relayed_byte_for_byte_and_kept_raw_with_a_10_mib_frame_cut_and_marked() {
+    let up = WsUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&config(&up, "[capture]\nmax_body_bytes = 1048576\n"), dir.path());
+    let mut c = open(&tap, "/openai/v1/echo?x=1").await;
+    let big: Vec<u8> = (0..10 << 20).map(|i| (i % 251) as u8).collect();
+    c.ws.send(Message::text("hello")).await.unwrap();
+    c.ws.send(Message::binary(big.clone())).await.unwrap();
+    c.ws.send(Message::text("bye")).await.unwrap();
+    let mut echoed = Vec::new();
+    while echoed.len() < 3 {
+        match c.ws.next().await.unwrap().unwrap() {
+            m @ (Message::Text(_) | Message::Binary(_)) => echoed.push(m),
+            _ => {}
+        }
+    }
+    assert_eq!(echoed[1].clone().into_data().len(), big.len());
+    assert_eq!(echoed[2].to_text().unwrap(), "bye");
+    let Opened { ws, read, written } = c;
+    close(ws, &up, 0).await;
+    assert_bytes_identical(&(read, written), &up, 0);
+    assert_eq!(up.conns()[0].path, "/v1/echo?x=1");
+
+    let traces = tap.wait_for_traces(1);
+    let t = traces
+        .iter()
+        .find(|t| t["path"] == "/v1/echo?x=1")
+        .expect("the socket's raw trace");
+    assert_eq!(t["api"], "other");
+    assert_eq!(t["outcome"], "truncated", "the 10 MiB message is over the cap: {t:#}");
+    assert_eq!(header(t, "request", "x-llmtap-websocket"), Some("raw"));
+    let request = t["request"].as_str().unwrap_or_default();
+    assert!(request.starts_with("hello\n<binary 10485760 bytes>"), "{request:.200}");
+    let response = t["response"].as_str().unwrap_or_default();
+    assert!(response.starts_with("hello\n"), "{response:.200}");
+    assert!(t["bytes"]["request"].as_u64().unwrap() >= 10 << 20, "{t:#}");
+}
+
+#[tokio::test]
+async fn responses_websocket_mode_turns_are_traces_with_their_whole_chained_request_across_two_streams() {
+    let up = WsUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&config(&up, ""), dir.path());
+    let mut c = open(&tap, "/openai/v1/responses").await;
+    let create = |stream: &str, input: Value, previous: Option<&str>| {
+        let mut e = json!({"type": "response.create", "model": "gpt-test", "stream_id": stream, "input": input,
+            "instructions": "You are terse.", "store": false});
+        if let Some(p) = previous {
+            e["previous_response_id"] = json!(p);
+        }
+        Message::text(e.to_string())
+    };
+    let first_a = json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "[[hold]] first question A"}]}]);
+    // Lane a's first response is held until lane b's is answered: their events interleave on the socket.
+    c.ws.send(create("a", first_a, None)).await.unwrap();
+    c.ws.send(create("b", json!("first question B"), None)).await.unwrap();
+    let done = until(&mut c.ws, "response.completed", 2).await;
+    let id_of = |stream: &str| {
+        done.iter()
+            .find(|e| e["stream_id"] == stream)
+            .map(|e| e["response"]["id"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    let (a1, b1) = (id_of("a"), id_of("b"));
+    assert_eq!((a1.as_str(), b1.as_str()), ("resp_1", "resp_2"));
+    let second_a =
+        json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "second question A"}]}]);
+    c.ws.send(create("a", second_a, Some(&a1))).await.unwrap();
+    until(&mut c.ws, "response.completed", 1).await;
+    c.ws.send(create("b", json!("second question B"), Some(&b1)))
+        .await
+        .unwrap();
+    until(&mut c.ws, "response.completed", 1).await;
+    let Opened { ws, read, written } = c;
+    close(ws, &up, 0).await;
+    assert_bytes_identical(&(read, written), &up, 0);
+
+    let traces: Vec<Value> = tap
+        .wait_for_traces(4)
+        .into_iter()
+        .filter(|t| t["api"] == "openai.responses")
+        .collect();
+    assert_eq!(traces.len(), 4, "{traces:#?}");
+    let by_response = |n: u64| {
+        traces
+            .iter()
+            .find(|t| t["response"]["id"] == format!("resp_{n}").as_str())
+            .unwrap_or_else(|| panic!("no trace for resp_{n}: {traces:#?}"))
+    };
+    for n in 1..=4 {
+        let t = by_response(n);
+        assert_eq!(t["outcome"], "complete", "{t:#}");
+        assert_eq!(t["streamed"], true);
+        assert_eq!(t["model"], "gpt-test");
+        let (input, output, cached) = responses_usage(n);
+        assert_eq!(t["usage"]["input"], input, "{t:#}");
+        assert_eq!(t["usage"]["output"], output);
+        assert_eq!(t["usage"]["cache_read"], cached);
+        assert!(t["response"].to_string().contains(&responses_text(n)));
+        assert!(t["request"].get("stream_id").is_none());
+    }
+    // The second turn of each lane: the whole conversation, rebuilt from the chain, without the server-side id.
+    for (n, previous, texts) in [
+        (
+            3,
+            "resp_1",
+            ["[[hold]] first question A", "Answer 1.", "second question A"],
+        ),
+        (4, "resp_2", ["first question B", "Answer 2.", "second question B"]),
+    ] {
+        let t = by_response(n);
+        let input = t["request"]["input"].as_array().unwrap();
+        assert_eq!(input.len(), 3, "{t:#}");
+        for (item, text) in input.iter().zip(texts) {
+            assert!(item.to_string().contains(text), "{item} lacks {text}");
+        }
+        assert_eq!(input[1]["role"], "assistant");
+        assert!(t["request"].get("previous_response_id").is_none());
+        let marked = format!("previous_response_id={previous}");
+        assert_eq!(header(t, "request", "x-llmtap-reconstructed"), Some(marked.as_str()));
+    }
+    assert_eq!(header(by_response(1), "request", "x-llmtap-reconstructed"), None);
+
+    // Derivation as for HTTP calls: one trajectory per lane, each with its two agent steps.
+    let trajectories = tap.steps_by_trajectory();
+    assert_eq!(trajectories.len(), 2, "{trajectories:#?}");
+    for steps in trajectories.values() {
+        let contents: Vec<(&str, &str)> = steps
+            .iter()
+            .map(|s| (s["role"].as_str().unwrap(), s["content"].as_str().unwrap_or("")))
+            .collect();
+        let lane = if contents[0].1.contains('A') {
+            (1, 3, "A")
+        } else {
+            (2, 4, "B")
+        };
+        let (first, second, name) = lane;
+        let (t1, t2) = (responses_text(first), responses_text(second));
+        let expected = [
+            ("user", format!("first question {name}")),
+            ("agent", t1),
+            ("user", format!("second question {name}")),
+            ("agent", t2),
+        ];
+        assert_eq!(contents.len(), 4, "{contents:?}");
+        for ((role, content), (want_role, want)) in contents.iter().zip(&expected) {
+            assert_eq!(role, want_role, "{contents:?}");
+            assert!(content.ends_with(want.as_str()), "{contents:?}");
+        }
+    }
+    assert_eq!(up.http_requests.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_realtime_session_is_one_trace_per_response_with_its_usage_and_the_socket_as_session() {
+    let up = WsUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&config(&up, ""), dir.path());
+    let mut c = open(&tap, "/openai/v1/realtime?model=gpt-realtime").await;
+    assert_eq!(next_json(&mut c.ws).await["type"], "session.created");
+    let say = |text: &str| {
+        Message::text(
+            json!({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": text}]}})
+            .to_string(),
+        )
+    };
+    let respond =
+        Message::text(json!({"type": "response.create", "response": {"output_modalities": ["text"]}}).to_string());
+    c.ws.send(say("first realtime question")).await.unwrap();
+    c.ws.send(respond.clone()).await.unwrap();
+    until(&mut c.ws, "response.done", 1).await;
+    c.ws.send(say("second realtime question")).await.unwrap();
+    c.ws.send(respond).await.unwrap();
+    until(&mut c.ws, "response.done", 1).await;
+    let Opened { ws, read, written } = c;
+    close(ws, &up, 0).await;
+    assert_bytes_identical(&(read, written), &up, 0);
+
+    let traces: Vec<Value> = tap
+        .wait_for_traces(2)
+        .into_iter()
+        .filter(|t| t["api"] == "openai.responses")
+        .collect();
+    assert_eq!(traces.len(), 2, "{traces:#?}");
+    for n in 1..=2u64 {
+        let t = traces
+            .iter()
+            .find(|t| t["response"]["id"] == format!("resp_rt{n}").as_str())
+            .unwrap_or_else(|| panic!("{traces:#?}"));
+        let (input, output, cached) = realtime_usage(n);
+        assert_eq!(t["outcome"], "complete", "{t:#}");
+        assert_eq!(t["usage"]["input"], input, "{t:#}");
+        assert_eq!(t["usage"]["output"], output);
+        assert_eq!(t["usage"]["cache_read"], cached);
+        assert_eq!(t["model"], "gpt-realtime");
+        assert_eq!(t["request"]["instructions"], "Be brief.");
+        assert!(t["response"].to_string().contains(&realtime_text(n)));
+        assert_eq!(header(t, "request", "x-llmtap-websocket"), Some("realtime"));
+        assert_eq!(t["session_id"], "sess_rt1", "{t:#}");
+    }
+    let second = traces.iter().find(|t| t["response"]["id"] == "resp_rt2").unwrap();
+    let input = second["request"]["input"].to_string();
+    for text in ["first realtime question", &realtime_text(1), "second realtime question"] {
+        assert!(input.contains(text), "{input}");
+    }
+}
