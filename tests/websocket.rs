@@ -317,3 +317,187 @@ async fn a_realtime_session_is_one_trace_per_response_with_its_usage_and_the_soc
         assert!(input.contains(text), "{input}");
     }
 }
+
+/// The OpenAI Python SDK's own WebSocket clients (`responses.connect()`, `realtime.connect()`, on the `websockets`
+/// package, which offers permessage-deflate) work through llmtap by `OPENAI_BASE_URL` alone and are captured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_python_sdk_websocket_clients_work_through_llmtap_and_are_captured() {
+    let up = WsUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&config(&up, ""), dir.path());
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/websocket.py");
+    let base = format!("http://{}/openai/v1", tap.addr);
+    let py = common::clients::python();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(py)
+            .arg(script)
+            .env("OPENAI_BASE_URL", base)
+            .env("OPENAI_API_KEY", "sk-test-WSSECRET-openai")
+            .env("OPENAI_MAX_RETRIES", "0")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "SDK script failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["responses_websocket"]["ids"], json!(["resp_1", "resp_2"]));
+    assert_eq!(r["responses_websocket"]["texts"], json!([responses_text(1), responses_text(2)]));
+    assert_eq!(r["realtime"]["texts"], json!([realtime_text(1), realtime_text(2)]));
+    assert_eq!(r["realtime"]["usage"], json!([realtime_usage(1).0, realtime_usage(2).0]));
+    assert_eq!(up.http_requests.load(Ordering::SeqCst), 0, "no HTTP fallback");
+
+    let traces = tap.wait_for_traces(4);
+    assert_eq!(traces.len(), 4, "{traces:#?}");
+    let second = traces.iter().find(|t| t["response"]["id"] == "resp_2").unwrap();
+    let input = second["request"]["input"].to_string();
+    for text in ["sdk first question", &responses_text(1), "sdk second question"] {
+        assert!(input.contains(text), "{input}");
+    }
+    assert_eq!(second["usage"]["input"], responses_usage(2).0);
+    let rt2 = traces.iter().find(|t| t["response"]["id"] == "resp_rt2").unwrap();
+    assert!(rt2["request"]["input"].to_string().contains("sdk realtime first"));
+    assert_eq!(rt2["usage"]["output"], realtime_usage(2).1);
+    // The key reached the upstream and never the store.
+    let conn = &up.conns()[0];
+    assert!(conn.headers.iter().any(|(k, v)| k == "authorization" && v.contains("WSSECRET")));
+    let stored = serde_json::to_string(&traces).unwrap();
+    assert!(!stored.contains("WSSECRET"), "the API key was stored");
+}
+
+/// One frame as RFC 6455 lays it out (for the hand-built peers below).
+fn frame(fin: bool, rsv1: bool, opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
+    let mut f = vec![(u8::from(fin) << 7) | (u8::from(rsv1) << 6) | opcode];
+    let m = if mask.is_some() { 0x80 } else { 0 };
+    match payload.len() {
+        n if n < 126 => f.push(m | n as u8),
+        n if n < 65536 => {
+            f.push(m | 126);
+            f.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            f.push(m | 127);
+            f.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    match mask {
+        Some(k) => f.extend(payload.iter().enumerate().map(|(i, b)| b ^ k[i % 4])),
+        None => f.extend_from_slice(payload),
+    }
+    if let Some(k) = mask {
+        let at = f.len() - payload.len();
+        f.splice(at..at, k);
+    }
+    f
+}
+
+/// A permessage-deflate message body: a sync flush with its `00 00 ff ff` removed; the compressor keeps its
+/// window across messages (context takeover).
+fn deflated(c: &mut flate2::Compress, text: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() + 64);
+    c.compress_vec(text.as_bytes(), &mut out, flate2::FlushCompress::Sync).unwrap();
+    out.truncate(out.len() - 4);
+    out
+}
+
+async fn read_head(s: &mut TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut b).await.unwrap(), 1, "connection ended in the HTTP head");
+        head.push(b[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+/// permessage-deflate with context takeover both ways (what Codex and the `websockets` package offer), messages
+/// fragmented, pings between fragments: relayed as they were and captured inflated.
+#[tokio::test]
+async fn permessage_deflate_sockets_are_relayed_unchanged_and_captured_inflated() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let events = [
+        json!({"type": "response.created", "response": {"id": "resp_z1", "status": "in_progress", "model": "gpt-test", "output": []}}),
+        json!({"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": "Deflated answer."}),
+        json!({"type": "response.completed", "response": {"id": "resp_z1", "status": "completed", "model": "gpt-test",
+            "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Deflated answer."}]}],
+            "usage": {"input_tokens": 42, "output_tokens": 3, "input_tokens_details": {"cached_tokens": 40}}}}),
+    ];
+    let mut c = flate2::Compress::new(flate2::Compression::default(), false);
+    let mut server_bytes = Vec::new();
+    for e in &events {
+        let body = deflated(&mut c, &e.to_string());
+        let (a, b) = body.split_at(body.len() / 2);
+        server_bytes.extend(frame(false, true, 0x1, a, None));
+        server_bytes.extend(frame(true, false, 0x9, b"ka", None));
+        server_bytes.extend(frame(true, false, 0x0, b, None));
+    }
+    server_bytes.extend(frame(true, false, 0x8, &1000u16.to_be_bytes(), None));
+    let upstream_read = Arc::new(Mutex::new(Vec::new()));
+    let (to_send, seen) = (server_bytes.clone(), upstream_read.clone());
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let head = read_head(&mut s).await;
+        let key = head
+            .lines()
+            .find_map(|l| l.strip_prefix("sec-websocket-key: ").or_else(|| l.strip_prefix("Sec-WebSocket-Key: ")))
+            .unwrap()
+            .trim()
+            .to_owned();
+        let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+        let reply = format!(
+            "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {accept}\r\nsec-websocket-extensions: permessage-deflate\r\n\r\n"
+        );
+        s.write_all(reply.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = s.read(&mut buf).await.unwrap();
+        seen.lock().unwrap().extend_from_slice(&buf[..n]);
+        s.write_all(&to_send).await.unwrap();
+        loop {
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            seen.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(
+        &format!("[upstreams.openai]\nurl = \"http://{addr}\"\n[api]\nlisten = \"off\"\n"),
+        dir.path(),
+    );
+    let mut s = TcpStream::connect(tap.addr).await.unwrap();
+    s.write_all(
+        b"GET /openai/v1/responses HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\
+          sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\
+          sec-websocket-extensions: permessage-deflate; client_max_window_bits\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let head = read_head(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("sec-websocket-extensions: permessage-deflate"), "{head}");
+    let mut cc = flate2::Compress::new(flate2::Compression::default(), false);
+    let create = json!({"type": "response.create", "model": "gpt-test", "input": "compressed question"});
+    let mut client_bytes = frame(true, true, 0x1, &deflated(&mut cc, &create.to_string()), Some([1, 2, 3, 4]));
+    client_bytes.extend(frame(true, false, 0x8, &1000u16.to_be_bytes(), Some([5, 6, 7, 8])));
+    s.write_all(&client_bytes).await.unwrap();
+    let mut got = vec![0u8; server_bytes.len()];
+    s.read_exact(&mut got).await.unwrap();
+    assert!(got == server_bytes, "the upstream's frames reached the client unchanged");
+    s.shutdown().await.unwrap();
+    server.await.unwrap();
+    assert!(*upstream_read.lock().unwrap() == client_bytes, "the client's frames reached the upstream unchanged");
+
+    let traces = tap.wait_for_traces(1);
+    let t = &traces[0];
+    assert_eq!(t["api"], "openai.responses");
+    assert_eq!(t["outcome"], "complete", "{t:#}");
+    assert_eq!(t["request"]["input"], "compressed question");
+    assert_eq!(t["usage"]["input"], 42);
+    assert_eq!(t["usage"]["cache_read"], 40);
+    assert!(t["response"].to_string().contains("Deflated answer."), "{t:#}");
+}
