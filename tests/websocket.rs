@@ -501,3 +501,64 @@ async fn permessage_deflate_sockets_are_relayed_unchanged_and_captured_inflated(
     assert_eq!(t["usage"]["cache_read"], 40);
     assert!(t["response"].to_string().contains("Deflated answer."), "{t:#}");
 }
+
+/// A client that never reads: the upstream's sending stalls as it would without llmtap (llmtap holds no more
+/// than one read), and when the client then goes away mid-message the socket is still captured, cut and marked.
+#[tokio::test]
+async fn a_client_that_never_reads_back_pressures_the_upstream_and_a_socket_cut_mid_message_is_captured_marked() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = WsUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&config(&up, "[capture]\nmax_body_bytes = 1048576\n"), dir.path());
+    let mut s = TcpStream::connect(tap.addr).await.unwrap();
+    s.write_all(
+        b"GET /openai/v1/echo HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\
+          sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    assert!(read_head(&mut s).await.starts_with("HTTP/1.1 101"));
+    // 32 MiB in four fragments; the echo sends it all back, and this client reads none of it.
+    const PART: usize = 8 << 20;
+    let part = vec![7u8; PART];
+    for i in 0..4u8 {
+        let opcode = if i == 0 { 0x2 } else { 0x0 };
+        s.write_all(&frame(i == 3, false, opcode, &part, Some([i, 1, 2, 3]))).await.unwrap();
+    }
+    // The echo's writing stops well short of the message: the client's socket and llmtap's are full.
+    let written = || up.conns()[0].written.lock().unwrap().len();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = (0, Instant::now());
+    loop {
+        let now = written();
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if now > 0 && last.1.elapsed() > Duration::from_millis(500) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the upstream's writing never settled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(last.0 < 4 * PART, "the upstream wrote {} of {} bytes to a client that reads nothing", last.0, 4 * PART);
+    // Read a little, then go away mid-message.
+    let mut some = vec![0u8; 1024];
+    s.read_exact(&mut some).await.unwrap();
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !up.conns()[0].closed.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the upstream's connection did not end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let traces = tap.wait_for_traces(1);
+    let t = &traces[0];
+    assert_eq!(t["api"], "other");
+    assert_eq!(t["outcome"], "truncated", "{t:#}");
+    assert!(t["request"].as_str().unwrap_or_default().starts_with("<binary 33554432 bytes>"), "{t:#}");
+    let health = healthz(&tap).await;
+    assert_eq!(health, "ok\n", "llmtap still serves");
+}
+
+async fn healthz(tap: &Llmtap) -> String {
+    let reply = send(&common::client(), "GET", &tap.url("/healthz"), &[], Vec::new()).await;
+    String::from_utf8(reply.body.to_vec()).unwrap()
+}
