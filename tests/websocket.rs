@@ -339,12 +339,22 @@ async fn the_openai_python_sdk_websocket_clients_work_through_llmtap_and_are_cap
     })
     .await
     .unwrap();
-    assert!(out.status.success(), "SDK script failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "SDK script failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["responses_websocket"]["ids"], json!(["resp_1", "resp_2"]));
-    assert_eq!(r["responses_websocket"]["texts"], json!([responses_text(1), responses_text(2)]));
+    assert_eq!(
+        r["responses_websocket"]["texts"],
+        json!([responses_text(1), responses_text(2)])
+    );
     assert_eq!(r["realtime"]["texts"], json!([realtime_text(1), realtime_text(2)]));
-    assert_eq!(r["realtime"]["usage"], json!([realtime_usage(1).0, realtime_usage(2).0]));
+    assert_eq!(
+        r["realtime"]["usage"],
+        json!([realtime_usage(1).0, realtime_usage(2).0])
+    );
     assert_eq!(up.http_requests.load(Ordering::SeqCst), 0, "no HTTP fallback");
 
     let traces = tap.wait_for_traces(4);
@@ -360,7 +370,11 @@ async fn the_openai_python_sdk_websocket_clients_work_through_llmtap_and_are_cap
     assert_eq!(rt2["usage"]["output"], realtime_usage(2).1);
     // The key reached the upstream and never the store.
     let conn = &up.conns()[0];
-    assert!(conn.headers.iter().any(|(k, v)| k == "authorization" && v.contains("WSSECRET")));
+    assert!(
+        conn.headers
+            .iter()
+            .any(|(k, v)| k == "authorization" && v.contains("WSSECRET"))
+    );
     let stored = serde_json::to_string(&traces).unwrap();
     assert!(!stored.contains("WSSECRET"), "the API key was stored");
 }
@@ -395,7 +409,8 @@ fn frame(fin: bool, rsv1: bool, opcode: u8, payload: &[u8], mask: Option<[u8; 4]
 /// window across messages (context takeover).
 fn deflated(c: &mut flate2::Compress, text: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len() + 64);
-    c.compress_vec(text.as_bytes(), &mut out, flate2::FlushCompress::Sync).unwrap();
+    c.compress_vec(text.as_bytes(), &mut out, flate2::FlushCompress::Sync)
+        .unwrap();
     out.truncate(out.len() - 4);
     out
 }
@@ -442,7 +457,10 @@ async fn permessage_deflate_sockets_are_relayed_unchanged_and_captured_inflated(
         let head = read_head(&mut s).await;
         let key = head
             .lines()
-            .find_map(|l| l.strip_prefix("sec-websocket-key: ").or_else(|| l.strip_prefix("Sec-WebSocket-Key: ")))
+            .find_map(|l| {
+                l.strip_prefix("sec-websocket-key: ")
+                    .or_else(|| l.strip_prefix("Sec-WebSocket-Key: "))
+            })
             .unwrap()
             .trim()
             .to_owned();
@@ -479,18 +497,34 @@ async fn permessage_deflate_sockets_are_relayed_unchanged_and_captured_inflated(
     .unwrap();
     let head = read_head(&mut s).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    assert!(head.to_ascii_lowercase().contains("sec-websocket-extensions: permessage-deflate"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-extensions: permessage-deflate"),
+        "{head}"
+    );
     let mut cc = flate2::Compress::new(flate2::Compression::default(), false);
     let create = json!({"type": "response.create", "model": "gpt-test", "input": "compressed question"});
-    let mut client_bytes = frame(true, true, 0x1, &deflated(&mut cc, &create.to_string()), Some([1, 2, 3, 4]));
+    let mut client_bytes = frame(
+        true,
+        true,
+        0x1,
+        &deflated(&mut cc, &create.to_string()),
+        Some([1, 2, 3, 4]),
+    );
     client_bytes.extend(frame(true, false, 0x8, &1000u16.to_be_bytes(), Some([5, 6, 7, 8])));
     s.write_all(&client_bytes).await.unwrap();
     let mut got = vec![0u8; server_bytes.len()];
     s.read_exact(&mut got).await.unwrap();
-    assert!(got == server_bytes, "the upstream's frames reached the client unchanged");
+    assert!(
+        got == server_bytes,
+        "the upstream's frames reached the client unchanged"
+    );
     s.shutdown().await.unwrap();
     server.await.unwrap();
-    assert!(*upstream_read.lock().unwrap() == client_bytes, "the client's frames reached the upstream unchanged");
+    assert!(
+        *upstream_read.lock().unwrap() == client_bytes,
+        "the client's frames reached the upstream unchanged"
+    );
 
     let traces = tap.wait_for_traces(1);
     let t = &traces[0];
@@ -523,7 +557,9 @@ async fn a_client_that_never_reads_back_pressures_the_upstream_and_a_socket_cut_
     let part = vec![7u8; PART];
     for i in 0..4u8 {
         let opcode = if i == 0 { 0x2 } else { 0x0 };
-        s.write_all(&frame(i == 3, false, opcode, &part, Some([i, 1, 2, 3]))).await.unwrap();
+        s.write_all(&frame(i == 3, false, opcode, &part, Some([i, 1, 2, 3])))
+            .await
+            .unwrap();
     }
     // The echo's writing stops well short of the message: the client's socket and llmtap's are full.
     let written = || up.conns()[0].written.lock().unwrap().len();
@@ -539,7 +575,12 @@ async fn a_client_that_never_reads_back_pressures_the_upstream_and_a_socket_cut_
         assert!(Instant::now() < deadline, "the upstream's writing never settled");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(last.0 < 4 * PART, "the upstream wrote {} of {} bytes to a client that reads nothing", last.0, 4 * PART);
+    assert!(
+        last.0 < 4 * PART,
+        "the upstream wrote {} of {} bytes to a client that reads nothing",
+        last.0,
+        4 * PART
+    );
     // Read a little, then go away mid-message.
     let mut some = vec![0u8; 1024];
     s.read_exact(&mut some).await.unwrap();
@@ -553,7 +594,13 @@ async fn a_client_that_never_reads_back_pressures_the_upstream_and_a_socket_cut_
     let t = &traces[0];
     assert_eq!(t["api"], "other");
     assert_eq!(t["outcome"], "truncated", "{t:#}");
-    assert!(t["request"].as_str().unwrap_or_default().starts_with("<binary 33554432 bytes>"), "{t:#}");
+    assert!(
+        t["request"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("<binary 33554432 bytes>"),
+        "{t:#}"
+    );
     let health = healthz(&tap).await;
     assert_eq!(health, "ok\n", "llmtap still serves");
 }
@@ -561,4 +608,89 @@ async fn a_client_that_never_reads_back_pressures_the_upstream_and_a_socket_cut_
 async fn healthz(tap: &Llmtap) -> String {
     let reply = send(&common::client(), "GET", &tap.url("/healthz"), &[], Vec::new()).await;
     String::from_utf8(reply.body.to_vec()).unwrap()
+}
+
+/// Codex CLI on its built-in OpenAI provider, `OPENAI_BASE_URL` at llmtap: it opens the Responses WebSocket
+/// through llmtap and never falls back to HTTP (no `POST /v1/responses` in the upstream's log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_cli_uses_the_responses_websocket_through_llmtap_without_http_fallback() {
+    let codex = match std::env::var_os("LLMTAP_TEST_CODEX") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => {
+            common::clients::node_package("@openai/codex");
+            common::clients::node_clients_dir().join("node_modules/.bin/codex")
+        }
+    };
+    let up = WsUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&config(&up, ""), dir.path());
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    // A provider entry like the built-in OpenAI one (Responses wire API, WebSocket on), pointed at llmtap: this
+    // Codex release reads its base URL from config, not from `OPENAI_BASE_URL`.
+    let provider = format!(
+        "model_providers.llmtap={{name=\"llmtap\",base_url=\"http://{}/openai/v1\",wire_api=\"responses\",\
+         env_key=\"OPENAI_API_KEY\",supports_websockets=true,request_max_retries=0,stream_max_retries=0}}",
+        tap.addr
+    );
+    let mut command = std::process::Command::new(&codex);
+    command
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--sandbox",
+            "read-only",
+            "-m",
+            "gpt-test",
+        ])
+        .args([
+            "-c",
+            "model_provider=\"llmtap\"",
+            "-c",
+            &provider,
+            "-c",
+            "web_search=\"disabled\"",
+        ])
+        .arg("Say hi.")
+        .current_dir(work.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("CODEX_HOME", home.path())
+        .env("OPENAI_BASE_URL", format!("http://{}/openai/v1", tap.addr))
+        .env("OPENAI_API_KEY", "sk-test-CODEXSECRET");
+    let run = common::clients::run_client(command, 40).await;
+    // Codex may open with a warm-up request; its answer is the last response's text.
+    let answered: u64 = run
+        .stdout
+        .trim()
+        .strip_prefix("Answer ")
+        .and_then(|n| n.trim_end_matches('.').parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "Codex did not print the scripted answer:\n{}\n{}",
+                run.stdout, run.stderr
+            )
+        });
+    let fallbacks: Vec<String> = up
+        .http_log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("/responses"))
+        .cloned()
+        .collect();
+    assert!(fallbacks.is_empty(), "Codex fell back to HTTP: {fallbacks:?}");
+    assert!(up.conns().iter().any(|c| c.path.ends_with("/responses")));
+    let traces = tap.wait_for_traces(answered as usize);
+    let id = format!("resp_{answered}");
+    let t = traces
+        .iter()
+        .find(|t| t["response"]["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("Codex's turn was not captured: {traces:#?}"));
+    assert_eq!(t["api"], "openai.responses");
+    assert_eq!(t["outcome"], "complete", "{t:#}");
+    assert_eq!(t["usage"]["input"], responses_usage(answered).0, "{t:#}");
+    assert!(t["request"]["input"].to_string().contains("Say hi."), "{t:#}");
+    assert!(!serde_json::to_string(&traces).unwrap().contains("CODEXSECRET"));
 }

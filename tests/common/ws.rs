@@ -88,6 +88,8 @@ pub struct WsUpstream {
     pub conns: Arc<Mutex<Vec<WsConn>>>,
     /// Connections whose request was not a WebSocket upgrade.
     pub http_requests: Arc<AtomicU64>,
+    /// Their request lines (`POST /v1/responses`, ...): a client's HTTP fallback shows here.
+    pub http_log: Arc<Mutex<Vec<String>>>,
 }
 
 /// What the Responses script reports for its `n`th response: (input, output, cached) tokens.
@@ -106,18 +108,28 @@ impl WsUpstream {
         let addr = listener.local_addr().unwrap();
         let conns: Arc<Mutex<Vec<WsConn>>> = Default::default();
         let http_requests = Arc::new(AtomicU64::new(0));
+        let http_log: Arc<Mutex<Vec<String>>> = Default::default();
         let responses = Arc::new(AtomicU64::new(0));
-        let (c, h) = (conns.clone(), http_requests.clone());
+        let (c, h, l) = (conns.clone(), http_requests.clone(), http_log.clone());
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                let (conns, http, responses) = (c.clone(), h.clone(), responses.clone());
-                tokio::spawn(async move { serve(tcp, conns, http, responses).await });
+                let (conns, http, log, responses) = (c.clone(), h.clone(), l.clone(), responses.clone());
+                tokio::spawn(async move {
+                    if let Some(line) = plain_http(&tcp).await {
+                        http.fetch_add(1, Ordering::SeqCst);
+                        log.lock().unwrap().push(line.clone());
+                        answer_http(tcp, &line).await;
+                        return;
+                    }
+                    serve(tcp, conns, http, responses).await
+                });
             }
         });
         WsUpstream {
             addr,
             conns,
             http_requests,
+            http_log,
         }
     }
 
@@ -126,10 +138,55 @@ impl WsUpstream {
     }
 }
 
+/// The request line of a connection whose first request is not a WebSocket upgrade (read without consuming).
+async fn plain_http(tcp: &TcpStream) -> Option<String> {
+    let mut buf = vec![0u8; 16 * 1024];
+    let head = loop {
+        let n = tcp.peek(&mut buf).await.ok()?;
+        let seen = &buf[..n];
+        if seen.windows(4).any(|w| w == b"\r\n\r\n") || n == buf.len() {
+            break String::from_utf8_lossy(seen).into_owned();
+        }
+        if n == 0 {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    let upgrade = head.to_ascii_lowercase().contains("upgrade: websocket");
+    (!upgrade).then(|| head.lines().next().unwrap_or("").to_owned())
+}
+
+/// A plain HTTP request: an empty model list for `GET .../models`, else 404 (the scripted upstream only speaks
+/// WebSocket). The connection closes after the answer.
+async fn answer_http(mut tcp: TcpStream, line: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(200), tcp.read(&mut buf)).await;
+    let (status, body) = if line.starts_with("GET ") && line.contains("/models") {
+        ("200 OK", r#"{"object":"list","data":[],"models":[]}"#)
+    } else {
+        (
+            "404 Not Found",
+            r#"{"error":{"message":"this scripted upstream speaks WebSocket only"}}"#,
+        )
+    };
+    let reply = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tcp.write_all(reply.as_bytes()).await;
+    let _ = tcp.shutdown().await;
+}
+
+/// The upgrade request's path and headers.
+type Handshake = (String, Vec<(String, String)>);
+
+// tungstenite's handshake callback returns its own (large) error type.
+#[allow(clippy::result_large_err)]
 async fn serve(tcp: TcpStream, conns: Arc<Mutex<Vec<WsConn>>>, http: Arc<AtomicU64>, responses: Arc<AtomicU64>) {
     let stream = Recording::new(tcp);
     let (read, written) = (stream.read.clone(), stream.written.clone());
-    let seen: Arc<Mutex<(String, Vec<(String, String)>)>> = Default::default();
+    let seen: Arc<Mutex<Handshake>> = Default::default();
     let s = seen.clone();
     let callback = move |req: &WsRequest, resp: WsResponse| {
         let headers = req
@@ -173,6 +230,8 @@ async fn send(ws: &mut Ws, event: Value) {
     let _ = ws.send(Message::text(event.to_string())).await;
 }
 
+// Sending consumes the message, so the send cannot be a match guard.
+#[allow(clippy::collapsible_match)]
 async fn echo(mut ws: Ws) {
     while let Some(Ok(m)) = ws.next().await {
         match m {
