@@ -121,9 +121,8 @@ async fn any_other_websocket_is_relayed_byte_for_byte_and_kept_raw_with_a_10_mib
     c.ws.send(Message::text("bye")).await.unwrap();
     let mut echoed = Vec::new();
     while echoed.len() < 3 {
-        match c.ws.next().await.unwrap().unwrap() {
-            m @ (Message::Text(_) | Message::Binary(_)) => echoed.push(m),
-            _ => {}
+        if let m @ (Message::Text(_) | Message::Binary(_)) = c.ws.next().await.unwrap().unwrap() {
+            echoed.push(m);
         }
     }
     assert_eq!(echoed[1].clone().into_data().len(), big.len());
