@@ -12,6 +12,7 @@ pub mod handoff;
 pub mod queue;
 pub mod spill;
 pub mod sse;
+pub mod websocket;
 
 use std::sync::Arc;
 

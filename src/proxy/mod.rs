@@ -11,6 +11,7 @@ pub mod limits;
 pub mod redact;
 pub mod route;
 pub mod tap;
+pub mod websocket;
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -94,6 +95,9 @@ pub struct Proxy {
     metrics_access: MetricsAccess,
     /// The forward-proxy mode: CONNECT on this port.
     intercept: intercept::Interceptor,
+    /// Upgraded (WebSocket) connections to upstreams, and their capture thread once one is captured.
+    ws_connector: websocket::Connector,
+    ws_capture: std::sync::OnceLock<Option<crate::capture::websocket::WsCapture>>,
 }
 
 /// Who may read `/metrics`: model names and sink error strings are not for everyone who can reach the port.
@@ -158,6 +162,8 @@ impl Proxy {
             redactor: redact::Redactor::new(&config.capture.redact_headers),
             metrics_access: MetricsAccess::new(config),
             intercept: intercept::Interceptor::new(config)?,
+            ws_connector: websocket::Connector::build(config.upstreams.values())?,
+            ws_capture: std::sync::OnceLock::new(),
         })
     }
 
@@ -349,6 +355,13 @@ impl Proxy {
         let query = parts.uri.query().map(str::to_owned);
         let uri =
             upstream_uri(&upstream, route.rest, query.as_deref()).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
+        if websocket::is_upgrade(&parts) {
+            let meta = self
+                .capture
+                .is_some()
+                .then(|| exchange_meta(&parts.headers, route.session, route.agent));
+            return self.websocket(parts, upstream, uri, meta, start).await;
+        }
 
         let (body, pending) = match &self.capture {
             None => (TapBody::new(body, None), None),

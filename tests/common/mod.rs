@@ -33,6 +33,7 @@ pub mod clients;
 pub mod cloud;
 pub mod scripted;
 pub mod wait;
+pub mod ws;
 
 // === fixtures ===
 
