@@ -383,7 +383,6 @@ fn run_command(store: StoreArgs, session: Option<String>, command: Vec<String>) 
     })
 }
 
-
 /// GET /metrics from a running llmtap (hyper's client on a one-off runtime; 5 s to answer), with the API token
 /// as a bearer token when one is configured.
 fn fetch_metrics(addr: &str, token: Option<&str>) -> Result<String> {

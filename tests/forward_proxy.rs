@@ -599,7 +599,7 @@ async fn websocket_upgrades_on_intercepted_hosts_are_relayed() {
         .unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
     tokio::spawn(conn.with_upgrades());
-    let req = http::Request::get("/v1/realtime?model=gpt-realtime")
+    let req = http::Request::get("/v1/sockets/echo?x=1")
         .header("host", "api.openai.com")
         .header("connection", "Upgrade")
         .header("upgrade", "websocket")
@@ -620,4 +620,17 @@ async fn websocket_upgrades_on_intercepted_hosts_are_relayed() {
         .expect("echo within 10 s")
         .unwrap();
     assert_eq!(echoed, frame);
+    // The socket is captured as base-URL mode captures it: a path no adapter reads is kept raw, under the
+    // intercepted host's label, once the socket closes.
+    let close = [0x88u8, 0x80, 9, 9, 9, 9];
+    upgraded.write_all(&close).await.unwrap();
+    drop(upgraded);
+    let traces = tap.wait_for_traces(1);
+    let t = traces
+        .iter()
+        .find(|t| t["path"] == "/v1/sockets/echo?x=1")
+        .unwrap_or_else(|| panic!("the tunnel's socket is kept raw: {traces:#?}"));
+    assert_eq!(t["api"], "other", "{t:#}");
+    assert_eq!(t["upstream"], "openai", "{t:#}");
+    assert_eq!(t["request"].as_str(), Some("ping\n"), "{t:#}");
 }

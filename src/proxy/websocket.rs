@@ -266,8 +266,8 @@ impl Proxy {
         ProxyError::Upstream(error)
     }
 
-    /// The capture thread, started with the first captured socket.
-    fn ws_capture(&self) -> Option<&WsCapture> {
+    /// The capture thread, started with the first captured socket (base-URL mode's and the tunnels' sockets).
+    pub(super) fn ws_capture(&self) -> Option<&WsCapture> {
         let capture = self.capture.as_ref()?;
         self.ws_capture
             .get_or_init(|| match WsCapture::start((**capture).clone(), self.max_body_bytes) {

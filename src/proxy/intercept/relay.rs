@@ -78,7 +78,12 @@ impl Tunnel {
         let uri = self.upstream_uri(&req)?;
         let clients = &proxy.intercept.clients;
         if websocket::is_upgrade(&req) {
-            return websocket::relay(clients.websocket_for(&self.host), req, uri).await;
+            let origin = websocket::SocketOrigin {
+                upstream: self.label.clone(),
+                session: self.session.clone(),
+                captured: self.intercepted.api_for(req.uri().path()).is_some(),
+            };
+            return websocket::relay(proxy, clients.websocket_for(&self.host), req, uri, origin).await;
         }
         let api = self.intercepted.api_for(req.uri().path());
         let capture = proxy.capture.as_ref().filter(|_| api.is_some());
