@@ -92,6 +92,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
                 &config.data_dir.join("spill"),
                 config.capture.queue_capacity,
                 config.capture.spill_bytes,
+                crate::capture::spill::BodyRedaction {
+                    redact: crate::pipeline::secrets::redact_json,
+                    cap: config.capture.max_body_bytes,
+                },
                 metrics.clone(),
                 pipeline_stop.clone(),
             )
