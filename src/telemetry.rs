@@ -167,6 +167,10 @@ pub struct Metrics {
     /// WAL checkpoint passes that copied pages, by the checkpoint thread (`store::checkpoint`).
     pub store_checkpoints: Counter,
     pub store_errors: Counter,
+    /// Batch writes retried after a transient error (busy, full disk, I/O), the batch kept (`store::write`).
+    pub store_retries: Counter,
+    /// Records that failed to write on their own, set aside in the quarantine table (`store::write`).
+    pub store_quarantined: Counter,
     pub store_dropped: Counter,
     pub evicted: Counter,
     pub evicted_unexported: Counter,
@@ -236,8 +240,9 @@ impl Metrics {
         match self.store_episode.failure() {
             EpisodeReport::First => tracing::error!(
                 %error,
-                "Store write failed; captured records are lost until writes succeed again (counted in \
-                 llmtap_store_errors_total, summarised once a minute)"
+                "Store write failed (counted in llmtap_store_errors_total, summarised once a minute); a transient \
+                 error is retried with the records kept, a record that fails on its own goes to the quarantine \
+                 table"
             ),
             EpisodeReport::Summary { count } => {
                 tracing::error!(%error, failed = count, "Store writes still failing ({count} more since the last report)")
@@ -375,8 +380,18 @@ impl Metrics {
                 self.store_errors.get(),
             ),
             (
+                "llmtap_store_retries_total",
+                "Store batch writes retried after a transient error (busy, full disk, I/O); the batch is kept.",
+                self.store_retries.get(),
+            ),
+            (
+                "llmtap_store_quarantined_total",
+                "Records that failed to write on their own, kept in the store's quarantine table instead.",
+                self.store_quarantined.get(),
+            ),
+            (
                 "llmtap_store_dropped_total",
-                "Records dropped because the store queue was full.",
+                "Records dropped because the store queue was closed, or still unwritten when a store that kept failing was given up at shutdown.",
                 self.store_dropped.get(),
             ),
             (
