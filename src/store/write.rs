@@ -151,6 +151,7 @@ fn run(
     if let Err(e) = tune_writer(&conn).and_then(|()| super::quarantine::create(&conn)) {
         metrics.store_error(&e);
     }
+    publish_export_head(&conn, &metrics);
     // Checkpoints on their own thread; if it cannot start, SQLite's automatic checkpoint (`tune_writer`) stays.
     let checkpointer = Checkpointer::start(&mut conn, CHECKPOINT_PAGES, metrics.clone()).unwrap_or_else(|e| {
         metrics.store_error(&e);
@@ -222,6 +223,7 @@ fn run(
         if stored > 0 {
             metrics.stored.add(stored as u64);
             metrics.store_ok();
+            publish_export_head(&conn, &metrics);
         }
         let mut i = 0;
         recent.remember(batch.drain(..).filter(|_| {
@@ -358,6 +360,16 @@ impl Committer<'_> {
             std::thread::sleep(wait);
             wait = (wait * 2).min(RETRY_MAX);
         }
+    }
+}
+
+/// The export log's last committed seq, for the sinks' lag (`llmtap_export_lag`).
+fn publish_export_head(conn: &Connection, metrics: &Metrics) {
+    let head = conn
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM export_log")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)));
+    if let Ok(head) = head {
+        metrics.export_head.set(head.max(0) as u64);
     }
 }
 
