@@ -118,6 +118,10 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
                 &config.data_dir.join("spill"),
                 config.capture.queue_capacity,
                 config.capture.spill_bytes,
+                crate::capture::spill::BodyRedaction {
+                    redact: crate::pipeline::secrets::redact_json,
+                    cap: config.capture.max_body_bytes,
+                },
                 metrics.clone(),
                 pipeline_stop.clone(),
             )

@@ -167,10 +167,16 @@ pub struct Metrics {
     /// WAL checkpoint passes that copied pages, by the checkpoint thread (`store::checkpoint`).
     pub store_checkpoints: Counter,
     pub store_errors: Counter,
+    /// Batch writes retried after a transient error (busy, full disk, I/O), the batch kept (`store::write`).
+    pub store_retries: Counter,
+    /// Records that failed to write on their own, set aside in the quarantine table (`store::write`).
+    pub store_quarantined: Counter,
     pub store_dropped: Counter,
     pub evicted: Counter,
     pub evicted_unexported: Counter,
     pub exported: Counter,
+    /// Gauge: the export log's last committed seq, kept by the store writer (sinks' lag is measured from it).
+    pub export_head: Counter,
     pub export_retries: Counter,
     pub export_failed: Counter,
     pub capture_over_budget: Counter,
@@ -243,8 +249,9 @@ impl Metrics {
         match self.store_episode.failure() {
             EpisodeReport::First => tracing::error!(
                 %error,
-                "Store write failed; captured records are lost until writes succeed again (counted in \
-                 llmtap_store_errors_total, summarised once a minute)"
+                "Store write failed (counted in llmtap_store_errors_total, summarised once a minute); a transient \
+                 error is retried with the records kept, a record that fails on its own goes to the quarantine \
+                 table"
             ),
             EpisodeReport::Summary { count } => {
                 tracing::error!(%error, failed = count, "Store writes still failing ({count} more since the last report)")
@@ -412,8 +419,18 @@ impl Metrics {
                 self.store_errors.get(),
             ),
             (
+                "llmtap_store_retries_total",
+                "Store batch writes retried after a transient error (busy, full disk, I/O); the batch is kept.",
+                self.store_retries.get(),
+            ),
+            (
+                "llmtap_store_quarantined_total",
+                "Records that failed to write on their own, kept in the store's quarantine table instead.",
+                self.store_quarantined.get(),
+            ),
+            (
                 "llmtap_store_dropped_total",
-                "Records dropped because the store queue was full.",
+                "Records dropped because the store queue was closed, or still unwritten when a store that kept failing was given up at shutdown.",
                 self.store_dropped.get(),
             ),
             (
@@ -443,8 +460,8 @@ impl Metrics {
             ),
             (
                 "llmtap_export_lag",
-                "Store records not yet exported by the slowest sink.",
-                self.sinks.max_lag(),
+                "Store records not yet exported by the slowest sink: the store's last committed export-log entry minus the sink's cursor, as of this read.",
+                self.sinks.max_lag(self.export_head.get()),
             ),
             (
                 "llmtap_api_streams",
@@ -482,7 +499,7 @@ impl Metrics {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
             // A family's samples stay together: the per-sink lag follows the aggregate.
             if name == "llmtap_export_lag" {
-                self.sinks.render_lag(&mut out);
+                self.sinks.render_lag(&mut out, self.export_head.get());
             }
         }
         self.sinks.render_state(&mut out);
@@ -558,8 +575,10 @@ impl CostByModel {
 /// One export destination's live state, written by its driver and read by `/metrics`.
 #[derive(Debug, Default)]
 pub struct SinkStats {
-    /// Gauge: export-log entries this sink has not yet delivered.
-    pub lag: Counter,
+    /// The export-log seq this sink has delivered up to (its cursor) plus one; 0 until the driver read it.
+    /// Its lag is computed from this and the writer's head when it is read (see [`SinkStats::lag`]), so it is
+    /// exact even while the driver waits out a retry.
+    position: Counter,
     /// Gauge: 1 while the sink is paused (the destination refused our credentials), else 0.
     pub paused: Counter,
     /// The error that is holding the sink back, cleared by the next accepted batch.
@@ -567,6 +586,20 @@ pub struct SinkStats {
 }
 
 impl SinkStats {
+    /// The sink's cursor as the store holds it.
+    pub fn set_cursor(&self, seq: i64) {
+        self.position.set(seq.max(0) as u64 + 1);
+    }
+
+    /// Export-log entries after this sink's cursor, `head` being the last one committed (0 before the sink
+    /// read its cursor).
+    pub fn lag(&self, head: u64) -> u64 {
+        match self.position.get() {
+            0 => 0,
+            p => head.saturating_sub(p - 1),
+        }
+    }
+
     pub fn set_error(&self, error: &str) {
         // Bounded: a label value, not a log line.
         let short: String = error.chars().take(120).collect();
@@ -609,16 +642,16 @@ impl SinkRegistry {
     }
 
     /// The slowest sink's lag: what `llmtap_export_lag` has always documented.
-    pub fn max_lag(&self) -> u64 {
-        self.each().iter().map(|(_, s)| s.lag.get()).max().unwrap_or(0)
+    pub fn max_lag(&self, head: u64) -> u64 {
+        self.each().iter().map(|(_, s)| s.lag(head)).max().unwrap_or(0)
     }
 
-    fn render_lag(&self, out: &mut String) {
+    fn render_lag(&self, out: &mut String, head: u64) {
         for (name, s) in self.each() {
             out.push_str(&format!(
                 "llmtap_export_lag{{sink=\"{}\"}} {}\n",
                 label(&name),
-                s.lag.get()
+                s.lag(head)
             ));
         }
     }

@@ -329,3 +329,51 @@ async fn a_torn_spill_is_skipped_with_one_error() {
     assert_eq!(send_fixture(&client(), &tap, &f, &[]).await.status, 200);
     assert_eq!(tap.wait_for_traces(3).len(), 3);
 }
+
+/// (e) Issue 36 item 4: a credential member of a request body never reaches `<data_dir>/spill/`. The pipeline
+/// is held back (a four-exchange handoff under bursts of 500) so that exchanges wait in the spill; the raw
+/// segment files are searched for the secret while the backlog is there and after the stop that leaves it on
+/// disk. After a restart the backlog is stored, with the member redacted and the rest of the body intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_in_a_request_body_never_reaches_the_spill_files() {
+    const SECRET: &str = "sk-spilled-body-secret-7f3a9c";
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = upstream_config(&up, "[capture]\nqueue_capacity = 4\n");
+    let mut tap = Llmtap::start(&config, dir.path());
+    let mut f = json_calls(1).remove(0);
+    let mut body: Value = serde_json::from_slice(&f.request).unwrap();
+    body["api_key"] = Value::String(SECRET.into());
+    f.request = serde_json::to_vec(&body).unwrap();
+    let answered = fill_the_spill(&tap, &f).await;
+
+    let spilled = || -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for entry in std::fs::read_dir(dir.path().join("spill")).unwrap() {
+            // A segment handed out and deleted between the listing and the read is no longer on disk.
+            bytes.extend(std::fs::read(entry.unwrap().path()).unwrap_or_default());
+        }
+        bytes
+    };
+    let has = |hay: &[u8], needle: &str| hay.windows(needle.len()).any(|w| w == needle.as_bytes());
+    let running = spilled();
+    assert!(has(&running, "\"api_key\":\"REDACTED\""), "spilled records are on disk");
+    assert!(!has(&running, SECRET), "the secret is in a spill segment");
+    assert!(tap.terminate().success());
+    let left = spilled();
+    assert!(
+        has(&left, "\"api_key\":\"REDACTED\""),
+        "the backlog stays on disk at stop"
+    );
+    assert!(!has(&left, SECRET), "the secret is in a spill segment left at stop");
+
+    let before = traces_in_db(dir.path());
+    let tap = Llmtap::start(&config, dir.path());
+    wait_drained(&tap, dir.path(), before);
+    let traces = tap.export("provider-traces", &[]);
+    assert_eq!(traces.len(), answered);
+    for t in &traces {
+        assert_eq!(t["request"]["api_key"], "REDACTED");
+        assert_eq!(t["request"]["messages"], body["messages"]);
+    }
+}

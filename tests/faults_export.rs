@@ -496,3 +496,69 @@ async fn grpc_retry_info_is_capped_by_retry_max() {
     );
     assert_eq!(tap.metric("llmtap_export_failed_total"), 0);
 }
+
+/// Issue 36 item 11: `llmtap_export_lag` of a sink that stops is exact when it is read. The sink accepts the
+/// first batch, then answers 503 and the driver waits a minute before trying again; calls keep coming meanwhile.
+/// The gauge must be what the store holds after the sink's cursor (the export log's last seq minus the cursor),
+/// not what the sink was behind when it last read a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lag_of_a_sink_that_stops_is_exact_when_read() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let (sink, addr) = ScriptedSink::start(|n| {
+        if n == 0 {
+            Answer::Accept
+        } else {
+            Answer::Status(503, None)
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let section = format!(
+        "[[export.otlp]]\nname = \"stuck\"\nendpoint = \"http://{addr}\"\nprotocol = \"http/protobuf\"\n\
+         compression = \"none\"\nmetrics = false\nretry_initial_ms = 60000\nretry_max_ms = 60000\ntimeout_secs = 2\n"
+    );
+    let tap = Llmtap::start(&upstream_config(&up, &section), dir.path());
+    let calls = session_calls();
+    let client = client();
+    let send_one = |f: &Fixture| {
+        let (client, tap, f) = (&client, &tap, f.clone());
+        async move { assert_eq!(send_fixture(client, tap, &f, &[]).await.status, f.status, "{}", f.name) }
+    };
+    // The first call's batch is accepted; the second call's is refused, and the driver then waits a minute.
+    send_one(&calls[0]).await;
+    assert!(eventually(Duration::from_secs(20), || !sink.attempts().is_empty()).await);
+    send_one(&calls[1]).await;
+    assert!(eventually(Duration::from_secs(20), || sink.attempts().len() >= 2).await);
+    for f in &calls[2..] {
+        send_one(f).await;
+    }
+    tap.wait_for_traces(calls.len());
+    let db = open_store_db(dir.path());
+    let behind = || -> u64 {
+        let head: i64 = db
+            .query_row("SELECT COALESCE(MAX(seq), 0) FROM export_log", [], |r| r.get(0))
+            .unwrap();
+        let cursor: i64 = db
+            .query_row("SELECT seq FROM cursors WHERE sink = 'stuck'", [], |r| r.get(0))
+            .unwrap();
+        (head - cursor) as u64
+    };
+    // Read twice in a row equal: the store may still commit a closing record between the two reads.
+    let mut last = None;
+    let exact = eventually(Duration::from_secs(10), || {
+        let (gauge, truth) = (sink_metric(&tap, "llmtap_export_lag", "stuck"), behind());
+        let ok = gauge == Some(truth) && last == Some(truth);
+        last = (gauge == Some(truth)).then_some(truth);
+        ok
+    })
+    .await;
+    assert!(
+        exact,
+        "lag {:?}, the store holds {} entries after the cursor",
+        sink_metric(&tap, "llmtap_export_lag", "stuck"),
+        behind()
+    );
+    assert!(behind() >= (calls.len() - 1) as u64, "the later calls are owed");
+    assert_eq!(sink.attempts().len(), 2, "the driver was waiting all along");
+    assert_eq!(tap.metric("llmtap_export_lag"), behind(), "the aggregate");
+}

@@ -1,7 +1,8 @@
 //! The scripted upstream (tests/common/scripted.rs) through llmtap, with a plain HTTP client: every API shape,
 //! streamed and not, answers a tool call and then text, and llmtap captures it as sent. Also the proxy's
 //! transparency for what real clients hit: an upstream error status (529 overloaded, streamed request or not)
-//! is the trace's top-level `error`; llmtap adds no `accept-encoding` the client did not send; a `HEAD`
+//! is the trace's top-level `error` and its outcome `upstream_error`; a call whose upstream cannot be reached
+//! keeps its request; llmtap adds no `accept-encoding` the client did not send; a `HEAD`
 //! answer keeps the upstream's headers (its `content-length` is not replaced by the empty body's 0).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -75,7 +76,10 @@ async fn error_status_is_the_traces_error(tls: bool) {
         if status == 529 {
             assert!(error.contains("overloaded"), "{error}");
         }
-        assert_eq!(t["outcome"], "complete", "the exchange itself completed: {t:#}");
+        assert_eq!(
+            t["outcome"], "upstream_error",
+            "an error status is not a complete call: {t:#}"
+        );
     }
 }
 
@@ -259,4 +263,66 @@ async fn the_scripted_upstream_answers_every_api_shape_and_llmtap_captures_it() 
         .unwrap();
     let cached = &first["usage"];
     assert!(cached["cache_read"].as_u64().unwrap() > 0, "{cached}");
+}
+
+/// Issue 36 item 10: a call whose upstream cannot be reached keeps the request the agent sent (and so its model),
+/// a small body and one large enough to arrive in many frames alike; and an error status from the upstream (501)
+/// is an `upstream_error`, not a complete call, with its status kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_call_keeps_its_request_and_an_error_status_is_not_complete() {
+    let up = Scripted::start_plain().await;
+    // A port with nothing listening.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let extra = format!("[upstreams.dead]\nurl = \"http://127.0.0.1:{dead_port}\"\napi = \"anthropic\"\n");
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, &extra), dir.path());
+    let client = client();
+    let small = json!({"model": "claude-sonnet-4-5", "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hello"}]});
+    let large = json!({"model": "claude-opus-4-1", "max_tokens": 64,
+        "messages": [{"role": "user", "content": "x".repeat(300_000)}]});
+    for body in [&small, &large] {
+        let r = post(
+            &client,
+            &tap,
+            "/dead/v1/messages",
+            &[("anthropic-version", "2023-06-01")],
+            body,
+        )
+        .await;
+        assert_eq!(r.status, 502);
+    }
+    let r = post(
+        &client,
+        &tap,
+        "/openai/v1/chat/completions",
+        &[("x-scripted-status", "501")],
+        &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 501);
+
+    let traces = tap.wait_for_traces(3);
+    assert_eq!(traces.len(), 3);
+    for (t, sent) in traces.iter().zip([&small, &large]) {
+        assert_eq!(t["outcome"], "upstream_error");
+        assert!(t["status"].is_null(), "{}", t["status"]);
+        assert!(
+            t["error"].as_str().unwrap().contains("upstream unreachable"),
+            "{}",
+            t["error"]
+        );
+        assert_eq!(&t["request"], sent, "the request the agent sent is kept");
+        assert_eq!(t["model"], sent["model"]);
+    }
+    let refused = &traces[2];
+    assert_eq!(refused["status"], 501);
+    assert_eq!(
+        refused["outcome"], "upstream_error",
+        "an error status is not a complete call"
+    );
+    assert!(refused["error"].is_string(), "{refused:#}");
+    assert_eq!(refused["model"], "gpt-4o-mini");
 }

@@ -52,7 +52,8 @@ pub enum Outcome {
     Complete,
     /// The client went away before the response ended; the upstream request was cancelled.
     ClientGone,
-    /// The upstream could not be reached, or failed mid-body.
+    /// The upstream could not be reached, failed mid-body, or answered with an error status (4xx/5xx; the
+    /// trace's `status` says which).
     UpstreamError,
     /// The response was forwarded completely but exceeded the capture cap.
     Truncated,

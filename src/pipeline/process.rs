@@ -99,7 +99,7 @@ fn read_body(bytes: &Bytes) -> (Json<'_>, JsonText) {
 /// `cap`: the most bytes a body may decode to (`capture.max_body_bytes`); beyond it the decoded copy is cut and
 /// the trace marked truncated, as the data path does for bytes on the wire.
 /// An HTTP error status (429, 529 "overloaded", ...) is an error even though the exchange completed on the wire:
-/// the outcome stays `complete` (how the exchange ended), the trace's `error` says what the provider answered.
+/// the trace's `error` says what the provider answered, and the outcome is `upstream_error` (see [`process`]).
 fn status_error(status: Option<u16>, call: Option<&NormalizedCall>) -> Option<String> {
     let status = status.filter(|s| *s >= 400)?;
     Some(match call.and_then(|c| c.error.as_ref()) {
@@ -206,6 +206,10 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         .or_else(|| request_view.owned_str("model"));
     drop((request_view, response_view));
     let error = ex.error.or_else(|| status_error(ex.status, call.as_ref()));
+    // An error status is not a complete call: the provider refused or failed it. `status` keeps which status.
+    if ex.outcome == Outcome::Complete && ex.status.is_some_and(|s| s >= 400) {
+        ex.outcome = Outcome::UpstreamError;
+    }
     // The adapter read the request as sent; what is kept has credentials the client put in the body removed.
     let request = match super::secrets::redact_json(request.as_str()) {
         Some(redacted) => JsonText::from_redacted(redacted),
@@ -315,9 +319,10 @@ mod tests {
         );
         assert_eq!(
             p.trace.outcome,
-            Outcome::Complete,
-            "while the exchange itself completed"
+            Outcome::UpstreamError,
+            "an error status is not a complete call"
         );
+        assert_eq!(p.trace.status, Some(502));
     }
 
     #[test]

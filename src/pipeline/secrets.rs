@@ -2,7 +2,8 @@
 //! the stored copy of a request has the string values of members whose names are secret (the same rule as
 //! headers, see [`crate::proxy::redact::is_secret_json_member`]) replaced.
 //!
-//! Runs on the pipeline thread, never the data path. It scans the JSON text rather than parsing it into a
+//! Runs on the pipeline thread and, for exchanges routed to the disk spill, on the spill thread before the
+//! write (`capture::spill::redact`), never the data path. It scans the JSON text rather than parsing it into a
 //! `Value`: a request repeats the whole conversation, and a parse + re-serialization per exchange would copy
 //! all of it to find, almost always, nothing. The scan only stops at quotes (memchr), copies nothing when no
 //! member matches, and keeps the text byte-for-byte otherwise except the redacted values.
@@ -14,7 +15,11 @@ use memchr::{memchr, memchr2};
 
 use crate::proxy::redact::{REDACTED, is_secret_json_member};
 
-/// `text` (valid JSON) with secret member values replaced, or None when there is nothing to replace.
+/// A value as [`REDACTED`] writes it.
+const ALREADY_REDACTED: &[u8] = b"\"REDACTED\"";
+
+/// `text` (valid JSON) with secret member values replaced, or None when there is nothing to replace (a value
+/// already `"REDACTED"` included).
 pub fn redact_json(text: &str) -> Option<String> {
     let b = text.as_bytes();
     let mut spans: Vec<(usize, usize)> = Vec::new();
@@ -31,7 +36,10 @@ pub fn redact_json(text: &str) -> Option<String> {
         let value = skip_ws(b, colon + 1);
         if b.get(value) == Some(&b'"') && is_secret_json_member(&b[start + 1..end.saturating_sub(1)]) {
             let value_end = string_end(b, value);
-            spans.push((value, value_end));
+            // Already redacted (the spill redacts what it writes to disk): nothing to copy for it.
+            if &b[value..value_end] != ALREADY_REDACTED {
+                spans.push((value, value_end));
+            }
             i = value_end;
         } else {
             i = colon + 1;
@@ -94,5 +102,10 @@ mod tests {
         assert_eq!(redact_json(r#"{"model":"m","max_tokens":1,"messages":[]}"#), None);
         assert_eq!(redact_json(r#""key""#), None);
         assert_eq!(redact_json("null"), None);
+        assert_eq!(
+            redact_json(r#"{"api_key":"REDACTED","model":"m"}"#),
+            None,
+            "redacted by the spill already"
+        );
     }
 }

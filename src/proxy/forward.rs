@@ -4,7 +4,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Uri, header};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -14,10 +13,10 @@ use rustls::RootCertStore;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
-use super::tap::TapBody;
+use super::tap::{RequestBody, TapBody};
 use crate::config::UpstreamConfig;
 
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, TapBody<Incoming>>;
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, TapBody<RequestBody>>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsSetupError {

@@ -35,7 +35,7 @@ use conn::{Stop, Supervised};
 use forward::{Clients, strip_hop_by_hop, upstream_request_headers, upstream_uri};
 use limits::{ConnActivity, GuardedBody};
 use route::Router;
-use tap::{PendingExchange, RequestSlot, Tap, TapBody};
+use tap::{PendingExchange, RequestBody, RequestSlot, Tap, TapBody};
 
 pub type ProxyBody = Either<TapBody<Incoming>, Full<Bytes>>;
 /// What a connection sends back: the body holds its request's place in the connection's in-flight count.
@@ -364,7 +364,7 @@ impl Proxy {
         }
 
         let (body, pending) = match &self.capture {
-            None => (TapBody::new(body, None), None),
+            None => (TapBody::new(RequestBody::new(body, None), None), None),
             Some(capture_tx) => {
                 let meta = exchange_meta(&parts.headers, route.session, route.agent);
                 let slot = Arc::new(RequestSlot::default());
@@ -397,7 +397,8 @@ impl Proxy {
                     request: slot,
                     capture: capture_tx.clone(),
                 };
-                (TapBody::new(body, Some(tap)), Some(pending))
+                let rest = Some(pending.request.clone());
+                (TapBody::new(RequestBody::new(body, rest), Some(tap)), Some(pending))
             }
         };
 
@@ -416,6 +417,8 @@ impl Proxy {
             Err(error) => {
                 self.metrics.upstream_errors.inc();
                 let error = ProxyError::Upstream(error_chain(&error));
+                // The request never went out: what the client sent is still worth keeping (it is the call to debug).
+                waiting.capture_rest(self.max_body_bytes).await;
                 waiting.send(Outcome::UpstreamError, error.to_string());
                 return Err(error);
             }
@@ -444,7 +447,27 @@ impl Proxy {
 /// with what the request tap kept, instead of vanishing.
 struct AwaitingUpstream(Option<PendingExchange>);
 
+/// How long the error path waits for the rest of a request body hyper never read (see
+/// [`AwaitingUpstream::capture_rest`]): a body the client has sent is in the socket already; one it is still
+/// producing is not waited for longer than this before the client gets its 502.
+const REST_OF_REQUEST_WAIT: Duration = Duration::from_secs(2);
+
 impl AwaitingUpstream {
+    /// The upstream could not be reached and hyper dropped the request unread: read the rest of the body from the
+    /// client through a tap that goes on from what was captured, so that the trace keeps the request.
+    async fn capture_rest(&mut self, cap: usize) {
+        use http_body_util::BodyExt;
+        let Some(p) = self.0.as_mut() else { return };
+        let Some(rest) = p.request.take_rest() else { return };
+        let captured = p.request.take();
+        let tap = Tap::resume_request(captured, cap, p.capture.budget().clone(), p.request.clone());
+        let mut body = TapBody::new(rest, Some(tap));
+        let read_all = async { while let Some(Ok(_)) = body.frame().await {} };
+        let _ = tokio::time::timeout(REST_OF_REQUEST_WAIT, read_all).await;
+        // Dropping the body finishes the tap: ended if the end came, cut (and so truncated) if not.
+        drop(body);
+    }
+
     fn send(&mut self, outcome: Outcome, error: String) {
         if let Some(mut p) = self.0.take() {
             if outcome == Outcome::ClientGone {

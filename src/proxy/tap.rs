@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use hyper::body::{Body, Frame, SizeHint};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use crate::capture::budget::Budget;
 use crate::capture::{CaptureTx, Captured, HeaderList, Outcome, RawExchange, now_micros};
@@ -20,18 +20,80 @@ use crate::capture::{CaptureTx, Captured, HeaderList, Outcome, RawExchange, now_
 /// Where a request body's capture lands when its tap finishes; the response tap reads it once.
 /// The lock is taken twice per exchange (put, take), never per frame.
 #[derive(Default)]
-pub struct RequestSlot(Mutex<Option<Captured>>);
+pub struct RequestSlot {
+    captured: Mutex<Option<Captured>>,
+    /// The part of the body nobody read, when hyper let go of the request before its end (see [`RequestBody`]).
+    rest: Mutex<Option<Incoming>>,
+}
 
 impl RequestSlot {
     fn put(&self, captured: Captured) {
-        if let Ok(mut slot) = self.0.lock() {
+        if let Ok(mut slot) = self.captured.lock() {
             *slot = Some(captured);
         }
     }
 
-    /// The request as captured so far; an empty, un-ended capture if its tap has not finished.
+    /// The request as captured so far; an empty, un-ended capture if its tap has not finished. (A rest left
+    /// unread goes when the slot does, with the exchange: no second lock per exchange for it here.)
     pub fn take(&self) -> Captured {
-        self.0.lock().ok().and_then(|mut s| s.take()).unwrap_or_default()
+        self.captured.lock().ok().and_then(|mut s| s.take()).unwrap_or_default()
+    }
+
+    /// The unread rest of the body, if hyper let go of it early.
+    pub fn take_rest(&self) -> Option<Incoming> {
+        self.rest.lock().ok().and_then(|mut r| r.take())
+    }
+}
+
+/// The client's request body as it goes upstream. When hyper drops it before its end (the upstream could not be
+/// reached, so the request was never written), the rest is left in the exchange's [`RequestSlot`]: the error
+/// path reads it from the client to capture the request (`AwaitingUpstream::capture_rest`), so that a failed
+/// call keeps its request and model. Nothing changes for a body that is read to its end.
+pub struct RequestBody {
+    inner: Option<Incoming>,
+    /// None with capture off.
+    slot: Option<Arc<RequestSlot>>,
+}
+
+impl RequestBody {
+    pub fn new(inner: Incoming, slot: Option<Arc<RequestSlot>>) -> RequestBody {
+        RequestBody {
+            inner: Some(inner),
+            slot,
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut().inner.as_mut() {
+            Some(inner) => Pin::new(inner).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        if let (Some(slot), Some(inner)) = (self.slot.take(), self.inner.take())
+            && !inner.is_end_stream()
+            && let Ok(mut rest) = slot.rest.lock()
+        {
+            *rest = Some(inner);
+        }
     }
 }
 
@@ -79,6 +141,13 @@ impl Tap {
         Tap::new(headers, cap, budget, Finish::Request(slot))
     }
 
+    /// A request tap that goes on from what an earlier one captured (the rest of a body hyper let go of).
+    pub fn resume_request(captured: Captured, cap: usize, budget: Budget, slot: Arc<RequestSlot>) -> Tap {
+        let mut tap = Tap::new(HeaderList::default(), cap, budget, Finish::Request(slot));
+        tap.captured = captured;
+        tap
+    }
+
     pub fn response(headers: HeaderList, cap: usize, pending: PendingExchange) -> Tap {
         let budget = pending.capture.budget().clone();
         Tap::new(headers, cap, budget, Finish::Response(pending))
@@ -102,7 +171,8 @@ impl Tap {
     /// The body's exact length is known (`content-length`): a small body is copied into one buffer of exactly
     /// that size, so it never grows (copying what it held) and becomes `Bytes` without another allocation.
     fn expect_len(&mut self, len: u64) {
-        self.expected_len = Some(len);
+        // A resumed tap has captured some of the body already; `len` is what is left.
+        self.expected_len = Some(self.captured.len + len);
         if len < SHARE_FRAMES_FROM as u64 {
             self.small.reserve((len as usize).min(self.cap));
         }

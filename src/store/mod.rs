@@ -12,6 +12,7 @@ mod coalesce;
 pub mod codec;
 mod in_flight;
 mod private;
+mod quarantine;
 mod read;
 pub mod recent;
 mod schema;

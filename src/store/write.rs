@@ -3,11 +3,14 @@
 //! The pipeline sends records in batches, one per pass over the capture queue (see [`crate::pipeline`]), so a
 //! burst of exchanges costs the writer one wake-up, not one per record. Producers block when the channel is
 //! full; the data path never touches it (it only feeds the capture queue, which drops when full). Write errors
-//! are counted and logged once per episode (see `Metrics::store_error`); the batch is lost but the thread keeps
-//! going, so one bad record cannot stop capture.
+//! are counted and logged once per episode (see `Metrics::store_error`), and a failed batch is kept (see
+//! [`Committer`]): a transient error (busy, full disk, I/O) is retried with back-off while the batches behind it
+//! wait (the pipeline then waits on this channel, and the capture spill takes what arrives meanwhile); any other
+//! error is narrowed down by splitting the batch until the record that fails on its own is found, and that
+//! record is put aside in the quarantine table (`store::quarantine`) while the rest is stored.
 
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -27,7 +30,7 @@ use crate::model::json::JsonText;
 use crate::model::record::ExportKind;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::{ProviderTrace, rfc3339};
-use crate::telemetry::Metrics;
+use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
 
 /// Batches the channel holds before the pipeline waits. Each is one pipeline pass: at most 64 exchanges (about
 /// three records each) or 4 MiB of captured bytes. While the writer commits a group ([`GROUP_COMMIT_WAIT`] of
@@ -46,6 +49,9 @@ type Batch = (Vec<Record>, Held);
 #[derive(Clone)]
 pub struct StoreTx {
     tx: SyncSender<Batch>,
+    /// One count per sender: the writer sees shutdown coming (every sender gone) while it retries a batch
+    /// (see [`RETRY_AT_SHUTDOWN`]).
+    _sender: Arc<()>,
     in_flight: Arc<InFlight>,
     metrics: Arc<Metrics>,
 }
@@ -77,11 +83,21 @@ impl StoreWriter {
     ) -> std::io::Result<(StoreTx, JoinHandle<()>)> {
         let (tx, rx) = sync_channel(QUEUED_BATCHES);
         let m = metrics.clone();
+        let sender = Arc::new(());
+        let senders = Arc::downgrade(&sender);
         let handle = std::thread::Builder::new()
             .name("llmtap-store".into())
-            .spawn(move || run(conn, rx, config, m, recent))?;
+            .spawn(move || run(conn, rx, config, m, recent, senders))?;
         let in_flight = InFlight::new(IN_FLIGHT_BYTES);
-        Ok((StoreTx { tx, in_flight, metrics }, handle))
+        Ok((
+            StoreTx {
+                tx,
+                _sender: sender,
+                in_flight,
+                metrics,
+            },
+            handle,
+        ))
     }
 }
 
@@ -129,11 +145,13 @@ fn run(
     config: StoreConfig,
     metrics: Arc<Metrics>,
     recent: Arc<RecentRecords>,
+    senders: Weak<()>,
 ) {
     crate::background::run_in_background();
-    if let Err(e) = tune_writer(&conn) {
+    if let Err(e) = tune_writer(&conn).and_then(|()| super::quarantine::create(&conn)) {
         metrics.store_error(&e);
     }
+    publish_export_head(&conn, &metrics);
     // Checkpoints on their own thread; if it cannot start, SQLite's automatic checkpoint (`tune_writer`) stays.
     let checkpointer = Checkpointer::start(&mut conn, CHECKPOINT_PAGES, metrics.clone()).unwrap_or_else(|e| {
         metrics.store_error(&e);
@@ -154,6 +172,8 @@ fn run(
     // The group's shares of the in-flight budget, given back once it is committed.
     let mut held: Vec<Held> = Vec::new();
     let mut last_batch: Option<Instant> = None;
+    let mut closing_since = None;
+    let mut quarantined = EpisodeLog::default();
     loop {
         // A second without records: the exporters' cache is emptied (an exporter reads within a fraction of a
         // second of a commit; one that has not, a paused one, reads the store), and what other threads freed in
@@ -189,24 +209,27 @@ fn run(
                 Err(_) => break,
             }
         }
-        let n = batch.len() as u64;
-        // Another connection (an exporter moving its cursor) may hold the write lock for longer than the busy
-        // timeout when the machine is saturated; waiting longer is better than losing captured records.
-        let mut result = write_batch(&mut conn, &batch, &mut chunks);
-        for _ in 0..5 {
-            match &result {
-                Err(e) if e.is_busy() => result = write_batch(&mut conn, &batch, &mut chunks),
-                _ => break,
-            }
+        let mut committer = Committer {
+            conn: &mut conn,
+            chunks: &mut chunks,
+            metrics: &metrics,
+            senders: &senders,
+            closing_since: &mut closing_since,
+            quarantined: &mut quarantined,
+        };
+        let mut lost = Vec::new();
+        committer.commit(&batch, 0, &mut lost);
+        let stored = batch.len() - lost.len();
+        if stored > 0 {
+            metrics.stored.add(stored as u64);
+            metrics.store_ok();
+            publish_export_head(&conn, &metrics);
         }
-        match result {
-            Ok(()) => {
-                metrics.stored.add(n);
-                metrics.store_ok();
-                recent.remember(batch.drain(..));
-            }
-            Err(e) => metrics.store_error(&e),
-        }
+        let mut i = 0;
+        recent.remember(batch.drain(..).filter(|_| {
+            i += 1;
+            lost.binary_search(&(i - 1)).is_err()
+        }));
         if let Some(c) = &checkpointer
             && let Err(e) = c.after_commit(&conn)
         {
@@ -222,6 +245,132 @@ fn run(
         c.stop(&mut conn);
     }
     let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
+}
+
+/// First wait after a transient write error; each further failure doubles it, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(20);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+/// Once every sender is gone (llmtap is stopping), a transient error is retried this much longer; then the
+/// records still unwritten are given up, counted in `llmtap_store_dropped_total`, so that a disk that stays
+/// full cannot hold the process up forever.
+const RETRY_AT_SHUTDOWN: Duration = Duration::from_secs(10);
+
+/// Errors that say nothing about the records: the same batch can succeed later (another connection holds the
+/// lock, the disk is full or failing, the file cannot be opened right now, memory is short).
+fn is_transient(e: &StoreError) -> bool {
+    use rusqlite::ErrorCode::*;
+    let StoreError::Sql(e) = e else { return false };
+    matches!(
+        e.sqlite_error_code(),
+        Some(DatabaseBusy | DatabaseLocked | DiskFull | SystemIoFailure | CannotOpen | OutOfMemory | ReadOnly)
+    )
+}
+
+/// How one group is committed without losing it to one bad record or to a full disk.
+struct Committer<'a> {
+    conn: &'a mut Connection,
+    chunks: &'a mut ChunkCache,
+    metrics: &'a Metrics,
+    senders: &'a Weak<()>,
+    /// Records put aside: the first of an episode is logged, then a summary a minute.
+    quarantined: &'a mut EpisodeLog,
+    /// When a retry first found every sender gone (kept across groups: shutdown's allowance is for all of
+    /// them together).
+    closing_since: &'a mut Option<Instant>,
+}
+
+/// How [`Committer::write_retrying`] ended.
+enum Written {
+    Committed,
+    /// Failed for a reason that is not transient: one of the records, probably.
+    Refused(StoreError),
+    /// Still failing transiently when shutdown's allowance ran out.
+    GaveUp,
+}
+
+impl Committer<'_> {
+    /// Store `batch` (which starts at `offset` in the group); the group indexes of records not stored go to
+    /// `lost`, in order. A refused batch is split in two, each half written on its own, in order (what the
+    /// records write does not depend on how they are grouped, see `coalesce`): a record that fails alone is
+    /// put aside, and the other 999 of a thousand are stored in about twenty transactions.
+    fn commit(&mut self, batch: &[Record], offset: usize, lost: &mut Vec<usize>) {
+        match self.write_retrying(batch) {
+            Written::Committed => {}
+            Written::GaveUp => {
+                self.metrics.store_dropped.add(batch.len() as u64);
+                lost.extend(offset..offset + batch.len());
+            }
+            Written::Refused(e) if batch.len() == 1 => {
+                self.metrics.store_errors.inc();
+                match super::quarantine::put(self.conn, &batch[0], &e) {
+                    Ok(()) => {
+                        self.metrics.store_quarantined.inc();
+                        match self.quarantined.failure() {
+                            EpisodeReport::First => tracing::warn!(
+                                error = %e,
+                                "A record failed to store on its own; kept in the store's quarantine table \
+                                 (counted in llmtap_store_quarantined_total, summarised once a minute)"
+                            ),
+                            EpisodeReport::Summary { count } => tracing::warn!(
+                                last_error = %e,
+                                "{count} more records put in the store's quarantine table in the last minute"
+                            ),
+                            EpisodeReport::Quiet => {}
+                        }
+                    }
+                    Err(q) => {
+                        self.metrics.store_error(&q);
+                        self.metrics.store_dropped.inc();
+                    }
+                }
+                lost.push(offset);
+            }
+            Written::Refused(_) => {
+                // Not counted yet: the halves say which record it was.
+                let mid = batch.len() / 2;
+                self.commit(&batch[..mid], offset, lost);
+                self.commit(&batch[mid..], offset + mid, lost);
+            }
+        }
+    }
+
+    /// Write `batch` in one transaction, waiting out transient errors with back-off. While this waits, the
+    /// batches behind it stay in the channel and the pipeline blocks on it (back-pressure: the capture spill,
+    /// when on, takes the traffic meanwhile).
+    fn write_retrying(&mut self, batch: &[Record]) -> Written {
+        let mut wait = RETRY_FIRST;
+        loop {
+            let e = match write_batch(self.conn, batch, self.chunks) {
+                Ok(()) => return Written::Committed,
+                Err(e) if is_transient(&e) => e,
+                Err(e) => return Written::Refused(e),
+            };
+            // Busy is a wait for another connection (an exporter's cursor), not a failure worth counting.
+            if !e.is_busy() {
+                self.metrics.store_error(&e);
+            }
+            if self.senders.strong_count() == 0 {
+                let since = *self.closing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= RETRY_AT_SHUTDOWN {
+                    tracing::error!(error = %e, records = batch.len(), "Store still failing at shutdown; records given up");
+                    return Written::GaveUp;
+                }
+            }
+            self.metrics.store_retries.inc();
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(RETRY_MAX);
+        }
+    }
+}
+
+/// The export log's last committed seq, for the sinks' lag (`llmtap_export_lag`).
+fn publish_export_head(conn: &Connection, metrics: &Metrics) {
+    let head = conn
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM export_log")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)));
+    if let Ok(head) = head {
+        metrics.export_head.set(head.max(0) as u64);
+    }
 }
 
 /// The writer's page cache, in KiB (SQLite's negative `cache_size`). Trajectory, session and step ids are
@@ -694,6 +843,47 @@ mod tests {
             let batches: Vec<&[Record]> = records.chunks(size).collect();
             assert_eq!(store_of(&batches), expected, "batches of {size}");
         }
+    }
+
+    /// Issue 36 item 9: one record SQLite refuses (here a trigger, as a constraint or a damaged value would)
+    /// in a batch of 1,000. The other 999 are stored, the bad one is kept in the quarantine table with its
+    /// error and counted; before, the whole batch was lost.
+    #[test]
+    fn one_poisoned_record_in_a_batch_of_a_thousand_is_put_aside_and_the_rest_stored() {
+        use std::sync::Arc;
+
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let conn = crate::store::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        conn.execute_batch(
+            "CREATE TRIGGER poison BEFORE INSERT ON traces WHEN NEW.id = 'trace-500' \
+             BEGIN SELECT RAISE(ABORT, 'poisoned record'); END;",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let metrics = Arc::new(crate::telemetry::Metrics::default());
+        let (tx, writer) = super::StoreWriter::spawn(conn, Default::default(), metrics.clone(), Default::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let batch: Vec<Record> = (0..1000)
+            .map(|i| Record::Trace(Box::new(trace(Api::OpenAiChat, i, i + 10))))
+            .collect();
+        tx.send(batch);
+        drop(tx);
+        writer.join().unwrap_or_else(|_| panic!("writer"));
+
+        let db = crate::store::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let count = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap_or_else(|e| panic!("{e}")) };
+        assert_eq!(count("SELECT COUNT(*) FROM traces"), 999);
+        assert_eq!(count("SELECT COUNT(*) FROM traces WHERE id = 'trace-500'"), 0);
+        let (kind, reference, error, record): (String, String, String, String) = db
+            .query_row("SELECT kind, ref, error, record FROM quarantine", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((kind.as_str(), reference.as_str()), ("trace", "trace-500"));
+        assert!(error.contains("poisoned record"), "{error}");
+        assert!(record.contains("\"id\":\"trace-500\""), "{record}");
+        assert_eq!(metrics.stored.get(), 999);
+        assert_eq!(metrics.store_quarantined.get(), 1);
+        assert_eq!(metrics.store_dropped.get(), 0);
     }
 
     /// Rows sent without their trajectory's summary (the pipeline always sends it; another writer might not) are

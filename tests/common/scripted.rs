@@ -119,7 +119,8 @@ impl Scripted {
                 .find(|t| t["headers"]["response"]["request-id"] == id.as_str())
                 .unwrap_or_else(|| panic!("no trace for {} {} ({id})", s.method, s.path));
             assert_eq!(t["status"], s.status, "{}", s.path);
-            assert_eq!(t["outcome"], "complete", "{}: {t:#}", s.path);
+            let outcome = if s.status >= 400 { "upstream_error" } else { "complete" };
+            assert_eq!(t["outcome"], outcome, "{}: {t:#}", s.path);
             if s.status >= 400 {
                 assert!(t["error"].is_string(), "an error status is the trace's error: {t:#}");
             }

@@ -27,6 +27,7 @@
 //! processes it first.
 
 pub mod record;
+pub mod redact;
 pub mod segments;
 
 use std::path::Path;
@@ -38,6 +39,7 @@ use std::time::Duration;
 
 use super::{CaptureRx, RawExchange, Source};
 use crate::telemetry::Metrics;
+pub use redact::BodyRedaction;
 pub use segments::{Segments, SpillError};
 
 /// The least the intake queue holds with the spill on (see the module doc).
@@ -92,6 +94,8 @@ struct Stage {
     unwritten: Vec<RawExchange>,
     limit: u64,
     metrics: Arc<Metrics>,
+    /// Applied to a request body before it is written (see [`redact`]).
+    redaction: BodyRedaction,
     /// The pipeline is gone (it never goes before this thread unless it panicked): drop everything.
     pipeline_gone: bool,
 }
@@ -103,6 +107,7 @@ pub fn spawn(
     dir: &Path,
     handoff_capacity: usize,
     limit: u64,
+    redaction: BodyRedaction,
     metrics: Arc<Metrics>,
     stop: tokio_util::sync::CancellationToken,
 ) -> Result<(SpillRx, JoinHandle<()>), SpillError> {
@@ -126,6 +131,7 @@ pub fn spawn(
         unwritten: Vec::new(),
         limit,
         metrics,
+        redaction,
         pipeline_gone: false,
     };
     let thread = std::thread::Builder::new()
@@ -219,7 +225,7 @@ impl Stage {
 
     /// One exchange from the intake: straight to the pipeline while nothing is spilled and it has room, else
     /// to the spill, else dropped.
-    fn route(&mut self, exchange: RawExchange) {
+    fn route(&mut self, mut exchange: RawExchange) {
         if self.pipeline_gone {
             self.intake.drop_exchange(exchange);
             return;
@@ -227,6 +233,8 @@ impl Stage {
         if self.segments.is_empty() && self.queued.load(Ordering::Acquire) < self.capacity {
             return self.send(exchange);
         }
+        // Nothing reaches the disk with a credential in it (headers and query were redacted on the data path).
+        self.redaction.apply(&mut exchange.request);
         match self.segments.append(&exchange, self.limit) {
             Ok(_) => {
                 self.unwritten.push(exchange);
@@ -288,7 +296,12 @@ mod tests {
             };
             let (tx, intake) = CaptureTx::channel(&config, metrics.clone());
             let stop = tokio_util::sync::CancellationToken::new();
-            let (rx, thread) = spawn(intake, dir, handoff, limit, metrics.clone(), stop.clone()).expect("spawn");
+            let redaction = BodyRedaction {
+                redact: crate::pipeline::secrets::redact_json,
+                cap: 1 << 20,
+            };
+            let (rx, thread) =
+                spawn(intake, dir, handoff, limit, redaction, metrics.clone(), stop.clone()).expect("spawn");
             Running { tx, rx, thread, stop }
         }
 
@@ -380,6 +393,30 @@ mod tests {
             .collect();
         assert_eq!(got, (2..20).chain([100]).collect::<Vec<_>>());
         second.stop();
+    }
+
+    /// A credential in a request body never reaches the spill's files; the pipeline still gets the body.
+    #[test]
+    fn a_credential_in_a_spilled_request_body_is_redacted_before_the_write() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let metrics = Arc::new(Metrics::default());
+        let running = Running::start(dir.path(), 1, u64::MAX, &metrics);
+        let body = br#"{"model":"m","api_key":"sk-spill-secret-4242","messages":[{"role":"user","content":"hi"}]}"#;
+        for id in 0..20u128 {
+            let mut e = RawExchange::for_test(id);
+            e.request.body.push(bytes::Bytes::from_static(body));
+            running.tx.try_send(e);
+        }
+        wait_for(|| metrics.capture_spilled.get() >= 19);
+        assert!(metrics.capture_spilled.get() >= 19, "spilled");
+        let mut on_disk = Vec::new();
+        for entry in std::fs::read_dir(dir.path()).expect("dir") {
+            on_disk.extend(std::fs::read(entry.expect("entry").path()).expect("read"));
+        }
+        let found = |needle: &[u8]| on_disk.windows(needle.len()).any(|w| w == needle);
+        assert!(found(br#""api_key":"REDACTED""#), "the spilled records are there");
+        assert!(!found(b"sk-spill-secret-4242"), "the secret reached the spill");
+        running.stop();
     }
 
     /// Beyond `capture.spill_bytes`, exchanges are dropped and counted as a full queue drops them.

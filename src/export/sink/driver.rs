@@ -51,9 +51,6 @@ struct StoreHandles {
 struct Read<B> {
     batch: B,
     last_seq: ExportSeq,
-    entries: u64,
-    /// Entries after the cursor when the batch was read (the sink's lag).
-    pending: u64,
     /// The export log held a whole `batch_size` of entries: more may be waiting.
     full: bool,
 }
@@ -103,21 +100,19 @@ impl<S: Sink> Driver<S> {
                 }
             };
             let Some(mut read) = read else {
-                self.stats.lag.set(0);
                 if stop.is_cancelled() {
                     break;
                 }
                 self.sleep(&stop, IDLE_POLL).await;
                 continue;
             };
-            self.stats.lag.set(read.pending);
             if !self.deliver(&mut read.batch, &stop).await {
                 break;
             }
             let seq = read.last_seq;
             match self.with_store(move |h| h.cursor.set(seq)).await {
                 None => break,
-                Some(Ok(())) => self.stats.lag.set(read.pending.saturating_sub(read.entries)),
+                Some(Ok(())) => self.stats.set_cursor(seq.0),
                 // The next look reopens the store and sends the batch again from the saved position: at least
                 // once, never lost.
                 Some(Err(e)) => self.store_failed(&e),
@@ -163,10 +158,6 @@ impl<S: Sink> Driver<S> {
                     }
                 }
             };
-            // The backlog keeps growing while we wait: keep the sink's lag current.
-            if let Some(Ok(pending)) = self.with_store(|h| h.reader.export_pending(h.cursor.get()?)).await {
-                self.stats.lag.set(pending);
-            }
             if !self.sleep(stop, wait).await {
                 return false;
             }
@@ -236,20 +227,20 @@ impl<S: Sink> Driver<S> {
     async fn read_next(&mut self) -> Option<Result<Option<Read<S::Batch>>, StoreError>> {
         let sink = self.sink.clone();
         let batch_size = self.cfg.batch_size;
+        let stats = self.stats.clone();
         self.with_store(move |h| {
             let after = h.cursor.get()?;
+            // The sink's lag is the writer's head minus this, computed when `/metrics` is read (`SinkStats`).
+            stats.set_cursor(after.0);
             h.reader.in_snapshot(|reader| {
                 let entries = reader.export_log(after, batch_size)?;
                 let Some(last_seq) = entries.last().map(|e| e.seq) else {
                     return Ok(None);
                 };
-                let pending = reader.export_pending(after)?;
                 let batch = sink.build(reader, &entries)?;
                 Ok(Some(Read {
                     batch,
                     last_seq,
-                    entries: entries.len() as u64,
-                    pending,
                     full: entries.len() >= batch_size,
                 }))
             })
