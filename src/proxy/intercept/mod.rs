@@ -9,7 +9,6 @@
 //! The same port serves both modes: a CONNECT request is the only thing base-URL mode never receives, so one
 //! address covers `ANTHROPIC_BASE_URL` and `HTTPS_PROXY` alike, and the listening limits apply to both.
 
-mod body;
 pub mod ca;
 pub mod hosts;
 mod relay;

@@ -10,10 +10,9 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 
 use super::super::forward::{strip_hop_by_hop, upstream_request_headers};
-use super::super::tap::{PendingExchange, RequestSlot, Tap, TapBody};
+use super::super::tap::{PendingExchange, RequestBody, RequestSlot, Tap, TapBody};
 use super::super::{AwaitingUpstream, Proxy, ProxyBody, ProxyError, error_chain, exchange_meta};
 use super::Target;
-use super::body::UpstreamBody;
 use super::hosts::Intercepted;
 use super::websocket;
 use crate::capture::{Captured, Outcome, RawExchange, Timings, exchange_id, now_micros};
@@ -131,9 +130,10 @@ impl Tunnel {
                     request: slot,
                     capture: capture_tx.clone(),
                 };
-                (TapBody::new(body, Some(tap)), Some(pending))
+                let rest = Some(pending.request.clone());
+                (TapBody::new(RequestBody::new(body, rest), Some(tap)), Some(pending))
             }
-            _ => (TapBody::new(body, None), None),
+            _ => (TapBody::new(RequestBody::new(body, None), None), None),
         };
 
         parts.uri = uri;
@@ -141,7 +141,6 @@ impl Tunnel {
         // `host` goes too: the client library sets it from the URI, whose authority is the one the client
         // connected to (and named in its own `Host`).
         upstream_request_headers(&mut parts.headers);
-        let (body, unread) = UpstreamBody::returnable(body);
         let upstream_req = Request::from_parts(parts, body);
 
         let mut waiting = AwaitingUpstream(pending);
@@ -150,9 +149,8 @@ impl Tunnel {
             Err(error) => {
                 proxy.metrics.upstream_errors.inc();
                 let error = ProxyError::Upstream(error_chain(&error));
-                if waiting.0.is_some() {
-                    keep_unsent_request(unread).await;
-                }
+                // The request never went out: what the client sent is still worth keeping (as in base-URL mode).
+                waiting.capture_rest(proxy.max_body_bytes).await;
                 waiting.send(Outcome::UpstreamError, error.to_string());
                 return Err(error);
             }
@@ -173,17 +171,4 @@ impl Tunnel {
         }
         Ok(Response::from_parts(parts, Either::Left(body)))
     }
-}
-
-/// The request body the client library dropped unread (the upstream was never reached): read to its end
-/// through its tap, so the failed exchange's trace keeps the request. Bounded: the client is sending it anyway,
-/// and its 502 waits at most this long.
-async fn keep_unsent_request(unread: tokio::sync::oneshot::Receiver<TapBody<Incoming>>) {
-    use http_body_util::BodyExt;
-    let read = async {
-        if let Ok(mut body) = unread.await {
-            while let Some(Ok(_)) = body.frame().await {}
-        }
-    };
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
 }

@@ -20,10 +20,10 @@ use rustc_hash::FxHashMap;
 use tower_service::Service;
 
 use super::super::forward::TlsSetupError;
-use super::body::UpstreamBody;
+use super::super::tap::{RequestBody, TapBody};
 use crate::config::Config;
 
-pub type InterceptClient = Client<HttpsConnector<HttpConnector<Resolver>>, UpstreamBody>;
+pub type InterceptClient = Client<HttpsConnector<HttpConnector<Resolver>>, TapBody<RequestBody>>;
 
 /// System resolution, except for the hosts `[forward] resolve` names.
 #[derive(Clone)]

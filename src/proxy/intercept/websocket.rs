@@ -10,9 +10,8 @@ use hyper_util::rt::TokioIo;
 
 use crate::capture::websocket::{Protocol, SocketInfo};
 
-use super::super::tap::TapBody;
+use super::super::tap::{RequestBody, TapBody};
 use super::super::{Proxy, ProxyBody, ProxyError, error_chain, exchange_meta};
-use super::body::UpstreamBody;
 use super::upstream::InterceptClient;
 
 /// An HTTP/1.1 `Upgrade` request (RFC 9110 §7.8). HTTP/2's extended CONNECT is not offered to clients.
@@ -66,7 +65,7 @@ pub async fn relay(
     // The upgrade headers stay: they are the request. Only what was meant for llmtap goes.
     parts.headers.remove(header::HOST);
     parts.headers.remove(header::PROXY_AUTHORIZATION);
-    let upstream_req = Request::from_parts(parts, UpstreamBody::plain(TapBody::new(body, None)));
+    let upstream_req = Request::from_parts(parts, TapBody::new(RequestBody::new(body, None), None));
     let mut resp = client
         .request(upstream_req)
         .await
