@@ -99,7 +99,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             // The pipeline ends when the spill thread does (after the stop, once the queue is empty).
             let thread = crate::pipeline::spawn(
                 spill_rx,
-                store_tx.clone(),
+                store_tx.clone().sharing_capture_budget(tx.budget().clone()),
                 settings,
                 metrics.clone(),
                 Some(live.clone()),
@@ -112,7 +112,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppE
             rx.set_mark_lifetime(config.derive.idle_timeout);
             let thread = crate::pipeline::spawn(
                 rx,
-                store_tx.clone(),
+                store_tx.clone().sharing_capture_budget(tx.budget().clone()),
                 settings,
                 metrics.clone(),
                 Some(live.clone()),

@@ -149,7 +149,7 @@ pub struct Metrics {
     /// Conversations capture lost an exchange of (each counted once; see `capture::conversation`).
     pub capture_dropped_trajectories: Counter,
     pub capture_truncated: Counter,
-    /// Gauge: captured bytes waiting for the pipeline (see `capture::queue`).
+    /// Gauge: captured bytes waiting for the pipeline, and decoded bodies waiting for the store (see `capture::budget`).
     pub capture_queue_bytes: Counter,
     /// Gauge: spilled record bytes not yet handed to the pipeline (see `capture::spill`).
     pub capture_spill_bytes: Counter,
@@ -296,7 +296,7 @@ impl Metrics {
             ),
             (
                 "llmtap_capture_queue_bytes",
-                "Captured body and header bytes held in memory (exchanges in flight and waiting for the pipeline).",
+                "Captured body and header bytes held in memory (exchanges in flight and waiting for the pipeline), and the bodies decoded from them waiting for the store writer.",
                 self.capture_queue_bytes.get(),
             ),
             (

@@ -764,3 +764,132 @@ async fn an_answer_that_ends_before_its_request_is_captured_as_truncated() {
     let outcomes: Vec<&str> = traces.iter().filter_map(|t| t["outcome"].as_str()).collect();
     assert!(outcomes.contains(&"complete"), "{outcomes:?}");
 }
+
+/// `mib` MiB of NUL bytes, gzip: ~1 KiB per MiB on the wire. As JSON text a NUL is six bytes (`\u0000`), so a
+/// body of them that is kept as text grows sixfold.
+fn gzip_zeros(mib: usize) -> Vec<u8> {
+    let mut member = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    member.write_all(&vec![0u8; 1 << 20]).unwrap();
+    member.finish().unwrap().repeat(mib)
+}
+
+/// The high-water mark of a process's resident memory (VmHWM), in KiB.
+fn hwm_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+const BOMB_CAP: usize = 8 << 20;
+
+/// An upstream answering `/bomb` with `bomb` (gzip) and anything else with a chat completion, and llmtap in
+/// front of it with `BOMB_CAP` as its capture cap and `extra` config, warmed up by one ordinary call (so that
+/// what the first exchange sets up is in the baseline).
+async fn bomb_setup(bomb: Bytes, extra: &str) -> (ScriptedUpstream, Llmtap, tempfile::TempDir) {
+    let upstream = ScriptedUpstream::start(Arc::new(move |seen| {
+        if seen.path.ends_with("/bomb") {
+            Answer::Json(200, bomb.clone(), vec![("content-encoding", "gzip")])
+        } else {
+            Answer::Json(200, Bytes::from_static(CHAT_RESPONSE.as_bytes()), vec![])
+        }
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = upstream.config(&format!("[capture]\nmax_body_bytes = {BOMB_CAP}\n{extra}"));
+    let tap = Llmtap::start(&config, dir.path());
+    let reply = common::send(
+        &common::client(),
+        "POST",
+        &tap.url("/local/v1/chat/completions"),
+        &[],
+        CHAT_REQUEST.into(),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    tap.wait_for_traces(1);
+    (upstream, tap, dir)
+}
+
+/// A compression bomb of NUL bytes (128 MiB inflated, 128 KiB on the wire), as a response and as a request: the
+/// peak memory each adds is at most twice the capture cap, whatever it inflates to and however its text grows
+/// when kept as JSON (decoding, escaping, parsing, redaction, chunking and compression for the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compression_bomb_costs_at_most_twice_the_capture_cap() {
+    let bomb = Bytes::from(gzip_zeros(128));
+    let (_upstream, tap, _dir) = bomb_setup(bomb.clone(), "").await;
+    let client = common::client();
+    let base = hwm_kib(tap.pid());
+    let bound = 2 * BOMB_CAP as u64 / 1024;
+
+    let reply = common::send(&client, "POST", &tap.url("/local/v1/bomb"), &[], CHAT_REQUEST.into()).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body, bomb, "the client gets the upstream's bytes");
+    let traces = tap.wait_for_traces(2);
+    assert_eq!(trace_for(&traces, "/bomb")["outcome"], "truncated");
+    let response_bomb = hwm_kib(tap.pid()) - base;
+
+    let reply = common::send(
+        &client,
+        "POST",
+        &tap.url("/local/v1/chat/completions"),
+        &[("content-type", "application/json"), ("content-encoding", "gzip")],
+        bomb.to_vec(),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let traces = tap.wait_for_traces(3);
+    assert_eq!(traces.iter().filter(|t| t["outcome"] == "truncated").count(), 2);
+    let both = hwm_kib(tap.pid()) - base;
+    assert!(
+        response_bomb <= bound && both <= bound,
+        "peak RSS grew by {} MiB with a response bomb, {} MiB with it and a request bomb after it; the bound is \
+         {} MiB (twice the {} MiB cap)",
+        response_bomb / 1024,
+        both / 1024,
+        bound / 1024,
+        BOMB_CAP >> 20
+    );
+}
+
+/// Twenty bombs at once: what their bodies decode to counts against `capture.queue_bytes` while it waits for
+/// the store, so the peak stays within that budget and one bomb being decoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_compression_bombs_stay_within_the_capture_budget() {
+    const BOMBS: usize = 20;
+    const QUEUE_BYTES: u64 = 32 << 20;
+    let bomb = Bytes::from(gzip_zeros(64));
+    let (_upstream, tap, _dir) = bomb_setup(bomb.clone(), &format!("queue_bytes = {QUEUE_BYTES}\n")).await;
+    let base = hwm_kib(tap.pid());
+    let mut sends = Vec::new();
+    for _ in 0..BOMBS {
+        let url = tap.url("/local/v1/bomb");
+        sends.push(tokio::spawn(async move {
+            common::send(&common::client(), "POST", &url, &[], CHAT_REQUEST.into()).await
+        }));
+    }
+    for s in sends {
+        let reply = s.await.unwrap();
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.body, bomb);
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while tap.metric("llmtap_processed_total") < 1 + BOMBS as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let traces = tap.wait_for_traces(1 + BOMBS);
+    assert_eq!(traces.len(), 1 + BOMBS);
+    let growth = hwm_kib(tap.pid()) - base;
+    let bound = (QUEUE_BYTES + 2 * BOMB_CAP as u64) / 1024;
+    assert!(
+        growth <= bound,
+        "{BOMBS} concurrent bombs grew peak RSS by {} MiB; the bound is {} MiB (the {} MiB capture budget and \
+         one bomb decoding)",
+        growth / 1024,
+        bound / 1024,
+        QUEUE_BYTES >> 20
+    );
+    assert_eq!(tap.metric("llmtap_capture_queue_bytes"), 0, "every charge given back");
+}

@@ -33,9 +33,9 @@ pub struct Processed {
     pub errors: Vec<ProcessError>,
 }
 
-fn decoded_text(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> String {
-    let raw = c.body_bytes();
-    let bytes = match decode_body(c.header("content-encoding"), raw, cap) {
+/// The body decoded (at most `cap` bytes), or as captured when it cannot be decoded.
+fn decoded(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Vec<u8> {
+    match decode_body(c.header("content-encoding"), c.body_bytes(), cap) {
         Ok(decoded) => {
             *truncated |= decoded.truncated;
             decoded.bytes
@@ -47,15 +47,12 @@ fn decoded_text(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessErro
             });
             c.body_bytes()
         }
-    };
-    match String::from_utf8(bytes) {
-        Ok(s) => s,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
     }
 }
 
 /// The body as one buffer: the captured frame itself when it is a single uncompressed one (no copy), else the
-/// frames decoded and joined.
+/// frames decoded and joined. Not checked for UTF-8 here: whoever reads it as text does (a copy of a body that
+/// is not UTF-8 was made here and another one later).
 fn body_buffer(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Bytes {
     let identity = c
         .header("content-encoding")
@@ -63,21 +60,33 @@ fn body_buffer(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError
     if identity && c.body.len() == 1 {
         return c.body[0].clone();
     }
-    Bytes::from(decoded_text(c, id, cap, errors, truncated))
+    Bytes::from(decoded(c, id, cap, errors, truncated))
 }
 
+/// What an adapter sees of a body that is not JSON (an error page, whose text becomes the error message):
+/// its beginning, up to this many bytes.
+const TEXT_VIEW_BYTES: usize = 64 * 1024;
+
 /// A body read without building a `Value`: a borrowed view for the adapter and the text to keep. A body that
-/// is not JSON is kept as a JSON string holding its text (adapters read error pages that way); empty is null.
-fn read_body(bytes: &Bytes) -> (Json<'_>, JsonText) {
+/// is not JSON is kept as a JSON string holding its text (adapters read error pages that way), at most `cap`
+/// bytes of JSON (escaping can make a text six times longer; beyond `cap` it is cut and `truncated` set); the
+/// adapter sees its first [`TEXT_VIEW_BYTES`]. Empty is null.
+fn read_body<'a>(bytes: &'a Bytes, cap: usize, truncated: &mut bool) -> (Json<'a>, JsonText) {
     if let Some(parsed) = JsonText::parse(bytes) {
         return parsed;
     }
-    let text = String::from_utf8_lossy(bytes).into_owned();
-    if text.trim().is_empty() {
+    if bytes.trim_ascii().is_empty() {
         return (Json::Null, JsonText::default());
     }
-    let kept = JsonText::string(&text);
-    (Json::String(text.into()), kept)
+    let (kept, cut) = JsonText::string_within(bytes, cap);
+    *truncated |= cut;
+    let mut head = bytes.len().min(TEXT_VIEW_BYTES);
+    // Not in the middle of a character (an invalid sequence at the end becomes one replacement character).
+    while head < bytes.len() && head > 0 && (bytes[head] & 0xC0) == 0x80 {
+        head -= 1;
+    }
+    let view = String::from_utf8_lossy(&bytes[..head]);
+    (Json::String(view), kept)
 }
 
 /// `cap`: the most bytes a body may decode to (`capture.max_body_bytes`); beyond it the decoded copy is cut and
@@ -97,7 +106,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
     let id = ex.id.to_string();
     let mut truncated = false;
     let request_body = body_buffer(&ex.request, &id, cap, &mut errors, &mut truncated);
-    let (request_view, request) = read_body(&request_body);
+    let (request_view, request) = read_body(&request_body, cap, &mut truncated);
     let adapter = adapter_for(ex.api);
 
     // A stream is rebuilt into the body a non-streamed call would have returned (a `Value`: reassembly merges
@@ -138,16 +147,16 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         }
     }
     let streamed = reassembled.is_some();
+    let (response_view, response) = match &reassembled {
+        Some(v) => (Json::from_value(v), JsonText::from_value(v)),
+        None => read_body(&response_body, cap, &mut truncated),
+    };
     if truncated {
         errors.push(ProcessError::DecodedOverCap { id: id.clone(), cap });
         if ex.outcome == Outcome::Complete {
             ex.outcome = Outcome::Truncated;
         }
     }
-    let (response_view, response) = match &reassembled {
-        Some(v) => (Json::from_value(v), JsonText::from_value(v)),
-        None => read_body(&response_body),
-    };
 
     let call = adapter.and_then(|a| {
         let path = ex.path.split('?').next().unwrap_or(&ex.path);
