@@ -176,6 +176,9 @@ pub struct Metrics {
     pub capture_over_budget: Counter,
     pub accept_errors: Counter,
     pub connections_at_limit: Counter,
+    /// Connections closed because the client stopped sending a request body / taking a response body.
+    pub body_read_timeouts: Counter,
+    pub send_timeouts: Counter,
     logged_over_budget: Once,
     /// Gauge: open gRPC API streams (Subscribe and Export).
     pub api_streams: Counter,
@@ -333,6 +336,16 @@ impl Metrics {
                 "llmtap_connections_at_limit_total",
                 "Times the proxy stopped accepting because server.max_connections connections were open.",
                 self.connections_at_limit.get(),
+            ),
+            (
+                "llmtap_body_read_timeouts_total",
+                "Connections closed because the client sent nothing of a request body for server.body_read_timeout_secs.",
+                self.body_read_timeouts.get(),
+            ),
+            (
+                "llmtap_send_timeouts_total",
+                "Connections closed because the client took nothing of a response body for server.send_timeout_secs.",
+                self.send_timeouts.get(),
             ),
             (
                 "llmtap_capture_over_budget_total",

@@ -893,3 +893,123 @@ async fn concurrent_compression_bombs_stay_within_the_capture_budget() {
     );
     assert_eq!(tap.metric("llmtap_capture_queue_bytes"), 0, "every charge given back");
 }
+
+/// Established TCP connections a process holds, either side (client and upstream connections): its socket
+/// descriptors looked up in the kernel's TCP table (other sockets, such as a runtime's internal pairs, come and
+/// go on their own).
+fn open_sockets(pid: u32) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|t| {
+            let t = t.to_string_lossy().into_owned();
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).ok())
+        .flat_map(|text| text.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // State 01 is ESTABLISHED; the tenth field is the socket's inode.
+            fields.get(3) == Some(&"01") && fields.get(9).is_some_and(|inode| inodes.contains(*inode))
+        })
+        .count()
+}
+
+/// Polls `done` every 100 ms until it holds or `limit` passes; whether it held.
+fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Clients that send complete headers and one byte of a 100-byte body, then nothing: each connection (and the
+/// upstream connection it holds) is closed once the body has stalled for the body-read timeout, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stalls_its_request_body_is_cut_at_the_body_read_timeout() {
+    const CLIENTS: usize = 20;
+    let upstream = ScriptedUpstream::start(ok_script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream.config("[server]\nbody_read_timeout_secs = 1\n"), dir.path());
+    let baseline = open_sockets(tap.pid());
+    let mut streams: Vec<TcpStream> = (0..CLIENTS)
+        .map(|_| {
+            let mut stream = TcpStream::connect(tap.addr).unwrap();
+            stream
+                .write_all((post_head("/local/v1/chat/completions", 100) + "{").as_bytes())
+                .unwrap();
+            stream
+        })
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(10), || open_sockets(tap.pid()) >= baseline + 2 * CLIENTS),
+        "each stalled upload holds its connection and an upstream connection"
+    );
+    for stream in &mut streams {
+        let closed = time_until_closed(stream, Duration::from_secs(15));
+        assert!(closed.is_some(), "a stalled upload still open after 15 s");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || tap.metric("llmtap_body_read_timeouts_total") == CLIENTS as u64),
+        "{} of {CLIENTS} counted",
+        tap.metric("llmtap_body_read_timeouts_total")
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || open_sockets(tap.pid()) <= baseline),
+        "llmtap holds {} sockets, {baseline} before the uploads",
+        open_sockets(tap.pid())
+    );
+    // A client that keeps sending is not cut however long its upload takes.
+    let mut stream = TcpStream::connect(tap.addr).unwrap();
+    stream
+        .write_all(post_head("/local/v1/chat/completions", CHAT_REQUEST.len()).as_bytes())
+        .unwrap();
+    for byte in CHAT_REQUEST.as_bytes().chunks(CHAT_REQUEST.len() / 6 + 1) {
+        std::thread::sleep(Duration::from_millis(400));
+        stream.write_all(byte).unwrap();
+    }
+    let (status, body) = read_response(&mut stream);
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(body, CHAT_RESPONSE.as_bytes());
+}
+
+/// A client that sends its request and then reads nothing of a large response: its connection is closed once
+/// nothing has been taken for the send timeout, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_its_response_is_cut_at_the_send_timeout() {
+    // Far more than the loopback socket buffers on both sides hold.
+    let big = Bytes::from(vec![b' '; 64 << 20]);
+    let upstream = ScriptedUpstream::start(Arc::new(move |_| Answer::Json(200, big.clone(), vec![]))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(
+        &upstream.config("[server]\nsend_timeout_secs = 1\n[capture]\nmax_body_bytes = 1048576\n"),
+        dir.path(),
+    );
+    let baseline = open_sockets(tap.pid());
+    let mut stream = TcpStream::connect(tap.addr).unwrap();
+    stream
+        .write_all(chat_request("/local/v1/chat/completions").as_bytes())
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || tap.metric("llmtap_send_timeouts_total") == 1),
+        "a client reading nothing was not cut"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || open_sockets(tap.pid()) <= baseline),
+        "llmtap holds {} sockets, {baseline} before the request",
+        open_sockets(tap.pid())
+    );
+    // What the socket buffers held arrives, then the end.
+    assert!(time_until_closed(&mut stream, Duration::from_secs(15)).is_some());
+    let traces = tap.wait_for_traces(1);
+    assert_eq!(traces[0]["outcome"], "client_gone");
+}

@@ -14,10 +14,11 @@ use rustls::RootCertStore;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
+use super::limits::ClientBody;
 use super::tap::TapBody;
 use crate::config::UpstreamConfig;
 
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, TapBody<Incoming>>;
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, TapBody<ClientBody<Incoming>>>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsSetupError {
