@@ -181,7 +181,11 @@ mod tests {
             let decoded = decode_body(Some(encoding), body, CAP).unwrap();
             assert!(decoded.truncated, "{encoding}");
             assert_eq!(decoded.bytes.len(), CAP, "{encoding}");
-            assert_eq!(decoded.bytes.capacity(), CAP, "{encoding}: the buffer never grew past the cap");
+            assert_eq!(
+                decoded.bytes.capacity(),
+                CAP,
+                "{encoding}: the buffer never grew past the cap"
+            );
         }
         let small = decode_body(Some("gzip"), gz, 8 << 20).unwrap();
         assert!(!small.truncated, "exactly the cap is not truncated");

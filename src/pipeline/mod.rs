@@ -250,10 +250,7 @@ mod tests {
     fn a_pass_ends_at_the_bytes_its_exchanges_decoded_to() {
         // Small on the wire, 3 MiB once decoded (a compressed body): 2 per pass, not 64.
         let bombs = Queued((1..=5).map(|n| exchange(n, 100)).collect());
-        assert_eq!(
-            passes_deriving(bombs, |_| 3 << 20),
-            [vec![1, 2], vec![3, 4], vec![5]]
-        );
+        assert_eq!(passes_deriving(bombs, |_| 3 << 20), [vec![1, 2], vec![3, 4], vec![5]]);
     }
 
     #[test]
