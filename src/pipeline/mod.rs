@@ -93,6 +93,8 @@ pub fn spawn(
                         while let Some(exchange) = pass.next(&mut rx) {
                             let mut processed = process::process(exchange, body_cap);
                             pass.derived(processed.trace.body_bytes());
+                            // The decoded bodies it made are freed by now.
+                            process::release_if_large(processed.trace.body_bytes() as usize);
                             pricing::price(&prices, &mut processed.trace, processed.call.as_ref(), &metrics);
                             for e in &processed.errors {
                                 if let process::ProcessError::DecodedOverCap { .. } = e {

@@ -38,6 +38,7 @@ fn decoded(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, t
     match decode_body(c.header("content-encoding"), c.body_bytes(), cap) {
         Ok(decoded) => {
             *truncated |= decoded.truncated;
+            release_if_large(decoded.bytes.len());
             decoded.bytes
         }
         Err(e) => {
@@ -47,6 +48,18 @@ fn decoded(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, t
             });
             c.body_bytes()
         }
+    }
+}
+
+/// Past this, the memory a body's processing freed is handed back to the OS at once (see [`release_if_large`]).
+pub const RELEASE_AFTER_BYTES: usize = 1 << 20;
+
+/// The buffer a large body was decoded into grew by doubling, and mimalloc keeps what a thread freed until that
+/// thread collects: the buffers it outgrew (half the body again) were still resident while the body was escaped
+/// and stored, and a compression bomb's peak was the cap three times over. Hand them back now.
+pub fn release_if_large(bytes: usize) {
+    if bytes > RELEASE_AFTER_BYTES {
+        crate::allocator::release_freed_memory();
     }
 }
 
