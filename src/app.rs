@@ -129,7 +129,7 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
             // The pipeline ends when the spill thread does (after the stop, once the queue is empty).
             let thread = crate::pipeline::spawn(
                 spill_rx,
-                store_tx.clone(),
+                store_tx.clone().sharing_capture_budget(tx.budget().clone()),
                 settings,
                 metrics.clone(),
                 Some(live.clone()),
@@ -142,7 +142,7 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
             rx.set_mark_lifetime(config.derive.idle_timeout);
             let thread = crate::pipeline::spawn(
                 rx,
-                store_tx.clone(),
+                store_tx.clone().sharing_capture_budget(tx.budget().clone()),
                 settings,
                 metrics.clone(),
                 Some(live.clone()),

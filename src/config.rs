@@ -145,6 +145,8 @@ pub struct RawViewer {
 pub struct RawServer {
     pub header_read_timeout_secs: Option<u64>,
     pub idle_timeout_secs: Option<u64>,
+    pub body_read_timeout_secs: Option<u64>,
+    pub send_timeout_secs: Option<u64>,
     pub max_connections: Option<usize>,
     pub shutdown_grace_secs: Option<u64>,
 }
@@ -285,6 +287,12 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// A connection with no request in flight for this long is closed (nginx's `keepalive_timeout`, 75 s).
     pub idle_timeout: Duration,
+    /// A client that sends nothing of a request body it started for this long has its connection closed
+    /// (nginx's `client_body_timeout`, 60 s): a stalled upload holds its socket and an upstream connection.
+    pub body_read_timeout: Duration,
+    /// A client that takes nothing of a response body for this long has its connection closed (nginx's
+    /// `send_timeout`, 60 s).
+    pub send_timeout: Duration,
     /// Connections served at once; beyond it llmtap stops accepting until one closes (they wait in the
     /// kernel's backlog), like nginx's `worker_connections`.
     pub max_connections: usize,
@@ -297,6 +305,8 @@ impl Default for ServerConfig {
         ServerConfig {
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(75),
+            body_read_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(60),
             max_connections: 4096,
             shutdown_grace: Duration::from_secs(30),
         }
@@ -604,16 +614,26 @@ impl RawConfig {
                 server_defaults.header_read_timeout,
             ),
             idle_timeout: secs(self.server.idle_timeout_secs, server_defaults.idle_timeout),
+            body_read_timeout: secs(self.server.body_read_timeout_secs, server_defaults.body_read_timeout),
+            send_timeout: secs(self.server.send_timeout_secs, server_defaults.send_timeout),
             max_connections: self.server.max_connections.unwrap_or(server_defaults.max_connections),
             shutdown_grace: secs(self.server.shutdown_grace_secs, server_defaults.shutdown_grace),
         };
         if server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be at least 1"));
         }
-        if server.header_read_timeout.is_zero() || server.idle_timeout.is_zero() {
+        if [
+            server.header_read_timeout,
+            server.idle_timeout,
+            server.body_read_timeout,
+            server.send_timeout,
+        ]
+        .iter()
+        .any(Duration::is_zero)
+        {
             return Err(invalid(
                 "server",
-                "header_read_timeout_secs and idle_timeout_secs must be at least 1",
+                "header_read_timeout_secs, idle_timeout_secs, body_read_timeout_secs and send_timeout_secs must be at least 1",
             ));
         }
         let derive = DeriveConfig {

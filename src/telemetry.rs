@@ -149,7 +149,7 @@ pub struct Metrics {
     /// Conversations capture lost an exchange of (each counted once; see `capture::conversation`).
     pub capture_dropped_trajectories: Counter,
     pub capture_truncated: Counter,
-    /// Gauge: captured bytes waiting for the pipeline (see `capture::queue`).
+    /// Gauge: captured bytes waiting for the pipeline, and decoded bodies waiting for the store (see `capture::budget`).
     pub capture_queue_bytes: Counter,
     /// Gauge: spilled record bytes not yet handed to the pipeline (see `capture::spill`).
     pub capture_spill_bytes: Counter,
@@ -182,6 +182,9 @@ pub struct Metrics {
     pub capture_over_budget: Counter,
     pub accept_errors: Counter,
     pub connections_at_limit: Counter,
+    /// Connections closed because the client stopped sending a request body / taking a response body.
+    pub body_read_timeouts: Counter,
+    pub send_timeouts: Counter,
     logged_over_budget: Once,
     /// Gauge: open gRPC API streams (Subscribe and Export).
     pub api_streams: Counter,
@@ -340,7 +343,7 @@ impl Metrics {
             ),
             (
                 "llmtap_capture_queue_bytes",
-                "Captured body and header bytes held in memory (exchanges in flight and waiting for the pipeline).",
+                "Captured body and header bytes held in memory (exchanges in flight and waiting for the pipeline), and the bodies decoded from them waiting for the store writer.",
                 self.capture_queue_bytes.get(),
             ),
             (
@@ -377,6 +380,16 @@ impl Metrics {
                 "llmtap_connections_at_limit_total",
                 "Times the proxy stopped accepting because server.max_connections connections were open.",
                 self.connections_at_limit.get(),
+            ),
+            (
+                "llmtap_body_read_timeouts_total",
+                "Connections closed because the client sent nothing of a request body for server.body_read_timeout_secs.",
+                self.body_read_timeouts.get(),
+            ),
+            (
+                "llmtap_send_timeouts_total",
+                "Connections closed because the client took nothing of a response body for server.send_timeout_secs.",
+                self.send_timeouts.get(),
             ),
             (
                 "llmtap_capture_over_budget_total",

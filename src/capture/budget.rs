@@ -26,6 +26,27 @@ impl Budget {
         &self.metrics
     }
 
+    /// `capture.queue_bytes`.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// Bytes charged now, by every holder.
+    pub fn held(&self) -> u64 {
+        self.metrics.capture_queue_bytes.get()
+    }
+
+    /// Charge `bytes` whatever the budget holds, for memory that exists already and must be kept (the bodies the
+    /// pipeline decoded, waiting for the store): until they are given back, the data path finds the budget spent
+    /// and cuts what it captures, so that what capture holds in all stays near `capture.queue_bytes`.
+    pub fn charge(&self, bytes: u64) -> Charge {
+        self.metrics.capture_queue_bytes.add(bytes);
+        Charge {
+            bytes,
+            gauge: Some(self.metrics.clone()),
+        }
+    }
+
     /// Charge `bytes` to `charge` if they fit. A capture that would take the budget past its limit is refused,
     /// except when nothing else is held (one oversized exchange still gets through an idle llmtap).
     pub fn reserve(&self, charge: &mut Charge, bytes: u64) -> bool {

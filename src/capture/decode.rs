@@ -85,21 +85,52 @@ pub fn decode_body(encoding: Option<&str>, body: Vec<u8>, cap: usize) -> Result<
     Ok(Decoded { bytes: data, truncated })
 }
 
-/// Read at most `cap` bytes; one byte more tells that there was more (the rest is never inflated). A cut
-/// stream's error after the cap does not matter: what is kept decoded cleanly.
-fn read_capped(encoding: &str, reader: impl Read, cap: usize, truncated: &mut bool) -> Result<Vec<u8>, DecodeError> {
-    let mut out = Vec::new();
-    let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
-    reader
-        .take(limit)
-        .read_to_end(&mut out)
-        .map_err(|source| DecodeError::Corrupt {
-            encoding: encoding.to_owned(),
-            source,
-        })?;
-    if out.len() > cap {
-        out.truncate(cap);
-        *truncated = true;
+/// Read at most `cap` bytes, in a buffer that never grows past `cap` (`read_to_end` doubles its buffer: reading
+/// `cap + 1` bytes ended with room for `2 × cap`, and the copy made while growing held both). Whether there was
+/// more is learnt from one byte read on the side (the rest is never inflated). A cut stream's error after the
+/// cap does not matter: what is kept decoded cleanly.
+fn read_capped(
+    encoding: &str,
+    mut reader: impl Read,
+    cap: usize,
+    truncated: &mut bool,
+) -> Result<Vec<u8>, DecodeError> {
+    let corrupt = |source| DecodeError::Corrupt {
+        encoding: encoding.to_owned(),
+        source,
+    };
+    let mut out: Vec<u8> = Vec::new();
+    let mut block = [0u8; 16 * 1024];
+    while out.len() < cap {
+        let want = block.len().min(cap - out.len());
+        let n = match reader.read(&mut block[..want]) {
+            Ok(0) => return Ok(out),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(corrupt(e)),
+        };
+        if out.capacity() - out.len() < n {
+            // Double, as a `Vec` would, but never past the cap.
+            let room = (out.capacity() * 2).max(8 * 1024).min(cap) - out.len();
+            out.reserve_exact(room.max(n));
+        }
+        out.extend_from_slice(&block[..n]);
+    }
+    let mut probe = [0u8; 1];
+    loop {
+        match reader.read(&mut probe) {
+            Ok(0) => break,
+            Ok(_) => {
+                *truncated = true;
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            // The cap was reached cleanly; what lies past it is not kept.
+            Err(_) => {
+                *truncated = true;
+                break;
+            }
+        }
     }
     Ok(out)
 }
@@ -150,6 +181,11 @@ mod tests {
             let decoded = decode_body(Some(encoding), body, CAP).unwrap();
             assert!(decoded.truncated, "{encoding}");
             assert_eq!(decoded.bytes.len(), CAP, "{encoding}");
+            assert_eq!(
+                decoded.bytes.capacity(),
+                CAP,
+                "{encoding}: the buffer never grew past the cap"
+            );
         }
         let small = decode_body(Some("gzip"), gz, 8 << 20).unwrap();
         assert!(!small.truncated, "exactly the cap is not truncated");

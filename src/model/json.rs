@@ -332,7 +332,50 @@ impl JsonText {
 
     /// `text` as a JSON string (a body that was not JSON).
     pub fn string(text: &str) -> JsonText {
-        JsonText(Bytes::from(serde_json::Value::from(text).to_string()))
+        JsonText::string_within(text.as_bytes(), usize::MAX).0
+    }
+
+    /// `bytes` (invalid UTF-8 replaced) as a JSON string of at most `max` bytes, cut at a character when the
+    /// whole would not fit, and whether it was cut. Escaping is written piece by piece into one buffer: a body of
+    /// control characters grows sixfold as JSON (`\u0000`), and a decoded bomb of NUL bytes escaped whole was six
+    /// times the capture cap, with a second copy for the `Value` it went through.
+    pub fn string_within(bytes: &[u8], max: usize) -> (JsonText, bool) {
+        /// Escaped at a time: small enough that stopping at the limit wastes little.
+        const PIECE: usize = 4096;
+        let mut out = Vec::with_capacity(bytes.len().saturating_add(2).min(max));
+        out.push(b'"');
+        // Appends `piece` escaped, if it fits with the closing quote.
+        let push = |out: &mut Vec<u8>, piece: &str| {
+            let escaped = serde_json::Value::from(piece).to_string();
+            let inner = &escaped.as_bytes()[1..escaped.len() - 1];
+            let fits = out.len() + inner.len() < max;
+            if fits {
+                out.extend_from_slice(inner);
+            }
+            fits
+        };
+        let mut cut = false;
+        'chunks: for chunk in bytes.utf8_chunks() {
+            let mut valid = chunk.valid();
+            while !valid.is_empty() {
+                let mut end = valid.len().min(PIECE);
+                while !valid.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let (piece, rest) = valid.split_at(end);
+                valid = rest;
+                if !push(&mut out, piece) {
+                    cut = true;
+                    break 'chunks;
+                }
+            }
+            if !chunk.invalid().is_empty() && !push(&mut out, "\u{FFFD}") {
+                cut = true;
+                break;
+            }
+        }
+        out.push(b'"');
+        (JsonText(Bytes::from(out)), cut)
     }
 
     /// Text made from a `JsonText` by replacing string values with other strings (see `pipeline::secrets`):

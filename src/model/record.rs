@@ -16,9 +16,7 @@ impl Record {
     /// (their text is a fraction of the call's bodies). What the store writer's in-flight budget counts.
     pub fn body_bytes(&self) -> u64 {
         match self {
-            Record::Trace(t) => {
-                (t.request.byte_len() + t.response.byte_len() + t.raw_response.as_ref().map_or(0, String::len)) as u64
-            }
+            Record::Trace(t) => t.body_bytes(),
             Record::Step(_) | Record::Trajectory(_) => 0,
         }
     }

@@ -96,6 +96,11 @@ pub struct TraceHead {
 }
 
 impl ProviderTrace {
+    /// Bytes of body text held: request, response, and the raw stream.
+    pub fn body_bytes(&self) -> u64 {
+        (self.request.byte_len() + self.response.byte_len() + self.raw_response.as_ref().map_or(0, String::len)) as u64
+    }
+
     /// The call's session: its own session id, or else the session header the client sent. The store keeps this
     /// in the trace's `session_id` column.
     pub fn session(&self) -> Option<&String> {

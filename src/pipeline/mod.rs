@@ -89,8 +89,12 @@ pub fn spawn(
                     Ok(first) => {
                         // One pass: this exchange and those already queued behind it, stored as one batch.
                         let mut records = Vec::new();
-                        for exchange in pass(first, &mut rx) {
+                        let mut pass = Pass::new(first);
+                        while let Some(exchange) = pass.next(&mut rx) {
                             let mut processed = process::process(exchange, body_cap);
+                            pass.derived(processed.trace.body_bytes());
+                            // The decoded bodies it made are freed by now.
+                            process::release_if_large(processed.trace.body_bytes() as usize);
                             pricing::price(&prices, &mut processed.trace, processed.call.as_ref(), &metrics);
                             for e in &processed.errors {
                                 if let process::ProcessError::DecodedOverCap { .. } = e {
@@ -147,20 +151,41 @@ impl SpillRoom {
 }
 
 /// The exchanges of one pass: `first`, then those already queued behind it, until the pass holds
-/// [`EXCHANGES_PER_PASS`] exchanges or [`BYTES_PER_PASS`] captured bytes. Each is taken from `rx` only when the
-/// one before it is handed out.
-fn pass(first: RawExchange, rx: &mut impl Source) -> impl Iterator<Item = RawExchange> + '_ {
-    let (mut taken, mut bytes) = (0, 0);
-    let mut next = Some(first);
-    std::iter::from_fn(move || {
-        let exchange = next.take()?;
-        taken += 1;
-        bytes += exchange.held_bytes();
-        if taken < EXCHANGES_PER_PASS && bytes < BYTES_PER_PASS {
-            next = rx.try_recv();
+/// [`EXCHANGES_PER_PASS`] exchanges or [`BYTES_PER_PASS`] bytes: captured, and the bodies derived from them. The
+/// derived bytes count because a body may decode to far more than was captured (a compressed body inflates up
+/// to `capture.max_body_bytes`): counting only captured bytes let one pass gather fifteen 0.3 MB compression
+/// bombs, each decoded to the cap, before any of it went to the store. Each exchange is taken from the queue
+/// only when the one before it has been processed.
+struct Pass {
+    first: Option<RawExchange>,
+    taken: usize,
+    bytes: u64,
+}
+
+impl Pass {
+    fn new(first: RawExchange) -> Pass {
+        Pass {
+            first: Some(first),
+            taken: 0,
+            bytes: 0,
         }
+    }
+
+    fn next(&mut self, rx: &mut impl Source) -> Option<RawExchange> {
+        let exchange = match self.first.take() {
+            Some(first) => first,
+            None if self.taken < EXCHANGES_PER_PASS && self.bytes < BYTES_PER_PASS => rx.try_recv()?,
+            None => return None,
+        };
+        self.taken += 1;
+        self.bytes += exchange.held_bytes();
         Some(exchange)
-    })
+    }
+
+    /// The last exchange taken was processed into bodies of `bytes` bytes.
+    fn derived(&mut self, bytes: u64) {
+        self.bytes += bytes;
+    }
 }
 
 fn emit(store: &StoreTx, metrics: &Metrics, live: Option<&live::LiveTx>, records: Vec<Record>) {
@@ -204,12 +229,30 @@ mod tests {
         e
     }
 
-    fn passes(mut rx: Queued) -> Vec<Vec<u128>> {
+    /// The passes `rx` makes, by exchange id; each exchange derives `derived(id)` body bytes.
+    fn passes_deriving(mut rx: Queued, derived: impl Fn(u128) -> u64) -> Vec<Vec<u128>> {
         let mut out = Vec::new();
         while let Ok(first) = rx.recv_timeout(Duration::ZERO) {
-            out.push(pass(first, &mut rx).map(|e| e.id.as_u128()).collect());
+            let mut pass = Pass::new(first);
+            let mut ids = Vec::new();
+            while let Some(e) = pass.next(&mut rx) {
+                ids.push(e.id.as_u128());
+                pass.derived(derived(e.id.as_u128()));
+            }
+            out.push(ids);
         }
         out
+    }
+
+    fn passes(rx: Queued) -> Vec<Vec<u128>> {
+        passes_deriving(rx, |_| 0)
+    }
+
+    #[test]
+    fn a_pass_ends_at_the_bytes_its_exchanges_decoded_to() {
+        // Small on the wire, 3 MiB once decoded (a compressed body): 2 per pass, not 64.
+        let bombs = Queued((1..=5).map(|n| exchange(n, 100)).collect());
+        assert_eq!(passes_deriving(bombs, |_| 3 << 20), [vec![1, 2], vec![3, 4], vec![5]]);
     }
 
     #[test]

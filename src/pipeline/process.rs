@@ -40,11 +40,12 @@ pub struct Processed {
     pub errors: Vec<ProcessError>,
 }
 
-fn decoded_bytes(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Vec<u8> {
-    let raw = c.body_bytes();
-    match decode_body(c.header("content-encoding"), raw, cap) {
+/// The body decoded (at most `cap` bytes), or as captured when it cannot be decoded.
+fn decoded(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Vec<u8> {
+    match decode_body(c.header("content-encoding"), c.body_bytes(), cap) {
         Ok(decoded) => {
             *truncated |= decoded.truncated;
+            release_if_large(decoded.bytes.len());
             decoded.bytes
         }
         Err(e) => {
@@ -57,9 +58,22 @@ fn decoded_bytes(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessErr
     }
 }
 
+/// Past this, the memory a body's processing freed is handed back to the OS at once (see [`release_if_large`]).
+pub const RELEASE_AFTER_BYTES: usize = 1 << 20;
+
+/// The buffer a large body was decoded into grew by doubling, and mimalloc keeps what a thread freed until that
+/// thread collects: the buffers it outgrew (half the body again) were still resident while the body was escaped
+/// and stored, and a compression bomb's peak was the cap three times over. Hand them back now.
+pub fn release_if_large(bytes: usize) {
+    if bytes > RELEASE_AFTER_BYTES {
+        crate::allocator::release_freed_memory();
+    }
+}
+
 /// The body as one buffer: the captured frame itself when it is a single uncompressed one (no copy), else the
-/// frames decoded and joined; text bodies as UTF-8 (invalid sequences replaced), a binary body (Bedrock's
-/// event-stream framing) byte for byte.
+/// frames decoded and joined. Not checked for UTF-8 here: whoever reads it as text does (a copy of a body that
+/// is not UTF-8 was made here and another one later); a binary body (Bedrock's event-stream framing) stays as
+/// it came.
 fn body_buffer(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError>, truncated: &mut bool) -> Bytes {
     let identity = c
         .header("content-encoding")
@@ -67,14 +81,7 @@ fn body_buffer(c: &Captured, id: &str, cap: usize, errors: &mut Vec<ProcessError
     if identity && c.body.len() == 1 {
         return c.body[0].clone();
     }
-    let bytes = decoded_bytes(c, id, cap, errors, truncated);
-    if is_event_stream(c) {
-        return Bytes::from(bytes);
-    }
-    Bytes::from(match String::from_utf8(bytes) {
-        Ok(s) => s,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    })
+    Bytes::from(decoded(c, id, cap, errors, truncated))
 }
 
 fn is_event_stream(c: &Captured) -> bool {
@@ -82,18 +89,30 @@ fn is_event_stream(c: &Captured) -> bool {
         .is_some_and(|t| t.to_ascii_lowercase().contains("application/vnd.amazon.eventstream"))
 }
 
+/// What an adapter sees of a body that is not JSON (an error page, whose text becomes the error message):
+/// its beginning, up to this many bytes.
+const TEXT_VIEW_BYTES: usize = 64 * 1024;
+
 /// A body read without building a `Value`: a borrowed view for the adapter and the text to keep. A body that
-/// is not JSON is kept as a JSON string holding its text (adapters read error pages that way); empty is null.
-fn read_body(bytes: &Bytes) -> (Json<'_>, JsonText) {
+/// is not JSON is kept as a JSON string holding its text (adapters read error pages that way), at most `cap`
+/// bytes of JSON (escaping can make a text six times longer; beyond `cap` it is cut and `truncated` set); the
+/// adapter sees its first [`TEXT_VIEW_BYTES`]. Empty is null.
+fn read_body<'a>(bytes: &'a Bytes, cap: usize, truncated: &mut bool) -> (Json<'a>, JsonText) {
     if let Some(parsed) = JsonText::parse(bytes) {
         return parsed;
     }
-    let text = String::from_utf8_lossy(bytes).into_owned();
-    if text.trim().is_empty() {
+    if bytes.trim_ascii().is_empty() {
         return (Json::Null, JsonText::default());
     }
-    let kept = JsonText::string(&text);
-    (Json::String(text.into()), kept)
+    let (kept, cut) = JsonText::string_within(bytes, cap);
+    *truncated |= cut;
+    let mut head = bytes.len().min(TEXT_VIEW_BYTES);
+    // Not in the middle of a character (an invalid sequence at the end becomes one replacement character).
+    while head < bytes.len() && head > 0 && (bytes[head] & 0xC0) == 0x80 {
+        head -= 1;
+    }
+    let view = String::from_utf8_lossy(&bytes[..head]);
+    (Json::String(view), kept)
 }
 
 /// `cap`: the most bytes a body may decode to (`capture.max_body_bytes`); beyond it the decoded copy is cut and
@@ -113,7 +132,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
     let id = ex.id.to_string();
     let mut truncated = false;
     let request_body = body_buffer(&ex.request, &id, cap, &mut errors, &mut truncated);
-    let (request_view, request) = read_body(&request_body);
+    let (request_view, request) = read_body(&request_body, cap, &mut truncated);
     let adapter = adapter_for(ex.api);
 
     // A stream is rebuilt into the body a non-streamed call would have returned (a `Value`: reassembly merges
@@ -178,16 +197,16 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
     if damaged_stream && ex.outcome == Outcome::Complete {
         ex.outcome = Outcome::Truncated;
     }
+    let (response_view, response) = match &reassembled {
+        Some(v) => (Json::from_value(v), JsonText::from_value(v)),
+        None => read_body(&response_body, cap, &mut truncated),
+    };
     if truncated {
         errors.push(ProcessError::DecodedOverCap { id: id.clone(), cap });
         if ex.outcome == Outcome::Complete {
             ex.outcome = Outcome::Truncated;
         }
     }
-    let (response_view, response) = match &reassembled {
-        Some(v) => (Json::from_value(v), JsonText::from_value(v)),
-        None => read_body(&response_body),
-    };
 
     let call = adapter.and_then(|a| {
         let path = ex.path.split('?').next().unwrap_or(&ex.path);

@@ -16,6 +16,8 @@ use std::task::{Context, Poll, Wake, Waker};
 pub enum Stop {
     /// No request in flight for the idle timeout: close.
     Idle,
+    /// The client stopped sending a request body or taking a response body (see `limits::Stall`): close.
+    Stalled,
     /// Shutdown began: finish the requests in flight, take no new ones.
     Drain,
     /// The shutdown grace is over: close now.
@@ -110,7 +112,7 @@ where
                     tracing::debug!("Closing an idle connection");
                     return Poll::Ready(());
                 }
-                Poll::Ready(Stop::Close) => return Poll::Ready(()),
+                Poll::Ready(Stop::Close | Stop::Stalled) => return Poll::Ready(()),
                 Poll::Ready(Stop::Drain) => match this.draining.take() {
                     Some(next) => {
                         (this.drain)(this.conn.as_mut());

@@ -33,7 +33,7 @@ use crate::provider::detect_api;
 use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
 use conn::{Stop, Supervised};
 use forward::{Clients, strip_hop_by_hop, upstream_request_headers, upstream_uri};
-use limits::{ConnActivity, GuardedBody};
+use limits::{ClientBody, ConnActivity, GuardedBody, Stall};
 use route::Router;
 use tap::{PendingExchange, RequestBody, RequestSlot, Tap, TapBody};
 
@@ -246,8 +246,9 @@ impl Proxy {
             let activity = ConnActivity::new();
             let proxy = self.clone();
             let service_activity = activity.clone();
-            let service = hyper::service::service_fn(move |req| {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let active = service_activity.begin();
+                let req = req.map(|body| ClientBody::new(body, service_activity.clone()));
                 let proxy = proxy.clone();
                 async move {
                     let resp = proxy.handle(req).await?;
@@ -259,20 +260,24 @@ impl Proxy {
                 .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .into_owned();
             let idle = self.server.idle_timeout;
+            let (read, send) = (self.server.body_read_timeout, self.server.send_timeout);
             let (drain, force) = (shutdown.clone(), force_close.clone());
             let watcher = {
-                let (activity, force) = (activity.clone(), force.clone());
+                let (activity, force, metrics) = (activity.clone(), force.clone(), self.metrics.clone());
                 Box::pin(async move {
                     tokio::select! {
                         _ = activity.idle_for(idle) => Stop::Idle,
+                        stall = activity.stalled(read, send) => stalled(&metrics, stall),
                         _ = drain.cancelled() => Stop::Drain,
                         _ = force.cancelled() => Stop::Close,
                     }
                 })
             };
+            let metrics = self.metrics.clone();
             let draining = Box::pin(async move {
                 tokio::select! {
                     _ = activity.idle_for(idle) => Stop::Idle,
+                    stall = activity.stalled(read, send) => stalled(&metrics, stall),
                     _ = force.cancelled() => Stop::Close,
                 }
             });
@@ -299,7 +304,7 @@ impl Proxy {
         let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+    async fn handle(self: Arc<Self>, req: Request<ClientBody<Incoming>>) -> Result<Response<ProxyBody>, Infallible> {
         if req.method() == http::Method::CONNECT {
             return Ok(intercept::connect(&self, req).await);
         }
@@ -313,7 +318,7 @@ impl Proxy {
     }
 
     /// llmtap's own endpoints on the proxy port. These names are reserved for upstreams.
-    fn builtin_endpoint(&self, req: &Request<Incoming>) -> Option<Response<ProxyBody>> {
+    fn builtin_endpoint<B>(&self, req: &Request<B>) -> Option<Response<ProxyBody>> {
         let (body, content_type) = match req.uri().path() {
             "/metrics" => match self.metrics_access.refusal(req.headers()) {
                 None => (self.metrics.render_prometheus(), "text/plain; version=0.0.4"),
@@ -334,7 +339,7 @@ impl Proxy {
         Some(resp)
     }
 
-    async fn forward(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
+    async fn forward(&self, req: Request<ClientBody<Incoming>>) -> Result<Response<ProxyBody>, ProxyError> {
         // Read only for a captured exchange: with capture off the clock is not read at all.
         let start = self.capture.is_some().then(now_micros).unwrap_or_default();
         let (mut parts, body) = req.into_parts();
@@ -440,6 +445,16 @@ impl Proxy {
         }
         Ok(Response::from_parts(parts, Either::Left(body)))
     }
+}
+
+/// A stalled client's connection is closed: counted, and logged at debug level (a client's doing, not llmtap's).
+fn stalled(metrics: &Metrics, stall: Stall) -> Stop {
+    match stall {
+        Stall::Reading => metrics.body_read_timeouts.inc(),
+        Stall::Sending => metrics.send_timeouts.inc(),
+    }
+    tracing::debug!(?stall, "Closing a connection whose client stalled");
+    Stop::Stalled
 }
 
 /// An exchange sent to the upstream whose response head has not arrived. Dropped while still holding it (the

@@ -14,6 +14,8 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
+use super::limits::ClientBody;
+
 use crate::capture::budget::Budget;
 use crate::capture::{CaptureTx, Captured, HeaderList, Outcome, RawExchange, now_micros};
 
@@ -23,7 +25,7 @@ use crate::capture::{CaptureTx, Captured, HeaderList, Outcome, RawExchange, now_
 pub struct RequestSlot {
     captured: Mutex<Option<Captured>>,
     /// The part of the body nobody read, when hyper let go of the request before its end (see [`RequestBody`]).
-    rest: Mutex<Option<Incoming>>,
+    rest: Mutex<Option<ClientBody<Incoming>>>,
 }
 
 impl RequestSlot {
@@ -40,7 +42,7 @@ impl RequestSlot {
     }
 
     /// The unread rest of the body, if hyper let go of it early.
-    pub fn take_rest(&self) -> Option<Incoming> {
+    pub fn take_rest(&self) -> Option<ClientBody<Incoming>> {
         self.rest.lock().ok().and_then(|mut r| r.take())
     }
 }
@@ -50,13 +52,13 @@ impl RequestSlot {
 /// path reads it from the client to capture the request (`AwaitingUpstream::capture_rest`), so that a failed
 /// call keeps its request and model. Nothing changes for a body that is read to its end.
 pub struct RequestBody {
-    inner: Option<Incoming>,
+    inner: Option<ClientBody<Incoming>>,
     /// None with capture off.
     slot: Option<Arc<RequestSlot>>,
 }
 
 impl RequestBody {
-    pub fn new(inner: Incoming, slot: Option<Arc<RequestSlot>>) -> RequestBody {
+    pub fn new(inner: ClientBody<Incoming>, slot: Option<Arc<RequestSlot>>) -> RequestBody {
         RequestBody {
             inner: Some(inner),
             slot,

@@ -57,6 +57,13 @@ pub struct StoreTx {
 }
 
 impl StoreTx {
+    /// Bodies this handle sends count against the capture budget too while they wait for the writer (see
+    /// [`InFlight`]): the pipeline's handle.
+    pub fn sharing_capture_budget(mut self, budget: crate::capture::budget::Budget) -> StoreTx {
+        self.in_flight = InFlight::sharing(IN_FLIGHT_BYTES, Some(budget));
+        self
+    }
+
     /// Blocking send of one batch (back-pressure on the pipeline thread only). An empty batch is not sent.
     pub fn send(&self, records: Vec<Record>) {
         if records.is_empty() {

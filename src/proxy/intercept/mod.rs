@@ -220,7 +220,7 @@ fn percent_decode(s: &str) -> String {
 
 /// Answers a CONNECT: refused, 502 (a blind target that cannot be reached), or 200 with the tunnel spawned
 /// to run once hyper hands the connection over.
-pub(super) async fn connect(proxy: &Arc<Proxy>, mut req: Request<Incoming>) -> Response<ProxyBody> {
+pub(super) async fn connect<B>(proxy: &Arc<Proxy>, mut req: Request<B>) -> Response<ProxyBody> {
     let interceptor = &proxy.intercept;
     let target = match interceptor.target(req.uri(), req.headers()) {
         Ok(t) => t,
@@ -343,8 +343,12 @@ async fn serve_intercepted(
         }
     };
     let tunnel = Arc::new(relay::Tunnel::new(proxy.clone(), target, intercepted));
-    let service = hyper::service::service_fn(move |req| {
+    // The bodies are counted as base-URL mode's are; no watcher closes a tunnel's stalled body (yet): the
+    // tunnel's own connection outlives the CONNECT's, see docs/architecture.md.
+    let activity = super::limits::ConnActivity::new();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let tunnel = tunnel.clone();
+        let req = req.map(|body| super::limits::ClientBody::new(body, activity.clone()));
         async move { Ok::<_, std::convert::Infallible>(tunnel.handle(req).await) }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());

@@ -9,6 +9,8 @@ use http::{HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
+use super::super::limits::ClientBody;
+
 use super::super::forward::{strip_hop_by_hop, upstream_request_headers};
 use super::super::tap::{PendingExchange, RequestBody, RequestSlot, Tap, TapBody};
 use super::super::{AwaitingUpstream, Proxy, ProxyBody, ProxyError, error_chain, exchange_meta};
@@ -55,14 +57,14 @@ impl Tunnel {
         }
     }
 
-    pub async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+    pub async fn handle(&self, req: Request<ClientBody<Incoming>>) -> Response<ProxyBody> {
         match self.forward(req).await {
             Ok(resp) => resp,
             Err(e) => e.into_response(),
         }
     }
 
-    fn upstream_uri(&self, req: &Request<Incoming>) -> Result<Uri, ProxyError> {
+    fn upstream_uri(&self, req: &Request<ClientBody<Incoming>>) -> Result<Uri, ProxyError> {
         let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
         Uri::builder()
             .scheme(Scheme::HTTPS)
@@ -72,7 +74,7 @@ impl Tunnel {
             .map_err(|e| ProxyError::BadRequest(e.to_string()))
     }
 
-    async fn forward(&self, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
+    async fn forward(&self, req: Request<ClientBody<Incoming>>) -> Result<Response<ProxyBody>, ProxyError> {
         let proxy = &self.proxy;
         let uri = self.upstream_uri(&req)?;
         let clients = &proxy.intercept.clients;

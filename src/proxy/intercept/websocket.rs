@@ -6,6 +6,8 @@
 use http::{Request, Response, StatusCode, Uri, header};
 use http_body_util::Either;
 use hyper::body::Incoming;
+
+use super::super::limits::ClientBody;
 use hyper_util::rt::TokioIo;
 
 use crate::capture::websocket::{Protocol, SocketInfo};
@@ -15,7 +17,7 @@ use super::super::{Proxy, ProxyBody, ProxyError, error_chain, exchange_meta};
 use super::upstream::InterceptClient;
 
 /// An HTTP/1.1 `Upgrade` request (RFC 9110 §7.8). HTTP/2's extended CONNECT is not offered to clients.
-pub fn is_upgrade(req: &Request<Incoming>) -> bool {
+pub fn is_upgrade(req: &Request<ClientBody<Incoming>>) -> bool {
     req.version() == http::Version::HTTP_11
         && req.headers().contains_key(header::UPGRADE)
         && req
@@ -42,7 +44,7 @@ pub struct SocketOrigin {
 pub async fn relay(
     proxy: &Proxy,
     client: &InterceptClient,
-    mut req: Request<Incoming>,
+    mut req: Request<ClientBody<Incoming>>,
     uri: Uri,
     origin: SocketOrigin,
 ) -> Result<Response<ProxyBody>, ProxyError> {
