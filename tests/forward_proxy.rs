@@ -262,6 +262,89 @@ async fn claude_code_through_llmtap_run_is_captured_without_a_base_url() {
     assert_eq!(files_containing(&tap.data_dir, "CLIENTSECRET"), Vec::<PathBuf>::new());
 }
 
+/// Codex CLI on its built-in OpenAI provider (no base URL, no `model_providers` entry), through `llmtap run`:
+/// its Responses WebSocket to api.openai.com is intercepted inside the tunnel and captured as a turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_cli_on_its_built_in_provider_through_llmtap_run_uses_the_websocket_and_is_captured() {
+    let codex = match std::env::var_os("LLMTAP_TEST_CODEX") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            node_package("@openai/codex");
+            node_clients_dir().join("node_modules/.bin/codex")
+        }
+    };
+    let up = common::ws::WsUpstream::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[api]\nlisten = \"off\"\n[forward]\nca_file = \"{}\"\n[forward.resolve]\n\"api.openai.com\" = \"{}\"\n",
+        up.ca_pem_path.as_ref().unwrap().display(),
+        up.addr
+    );
+    let tap = Llmtap::start(&config, dir.path());
+    let (home, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut cmd = run_command(&tap, &config, &["--"]);
+    cmd.arg(&codex)
+        .args(["exec", "--skip-git-repo-check", "--sandbox", "read-only", "-m", "gpt-test"])
+        .args(["-c", "web_search=\"disabled\""])
+        .arg("Say hi.")
+        .current_dir(work.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("CODEX_HOME", home.path())
+        .env("OPENAI_API_KEY", "sk-test-CODEXSECRET-forward")
+        .env("CODEX_API_KEY", "sk-test-CODEXSECRET-forward");
+    let run = run_client(cmd, 60).await;
+    let answered: u64 = run
+        .stdout
+        .trim()
+        .strip_prefix("Answer ")
+        .and_then(|n| n.trim_end_matches('.').parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "Codex did not print the scripted answer:\n{}\n{}",
+                run.stdout, run.stderr
+            )
+        });
+    let session = run
+        .stderr
+        .split("session ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let fallbacks: Vec<String> = up
+        .http_log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("/responses"))
+        .cloned()
+        .collect();
+    assert!(fallbacks.is_empty(), "Codex fell back to HTTP: {fallbacks:?}");
+    let conns = up.conns();
+    assert!(conns.iter().any(|c| c.path.ends_with("/v1/responses")), "the built-in provider's path");
+    for c in &conns {
+        let host = c.headers.iter().find(|(k, _)| k == "host").map(|(_, v)| v.as_str());
+        assert_eq!(host, Some("api.openai.com"), "the real host, unchanged");
+    }
+    let traces = tap.wait_for_traces(answered as usize);
+    let id = format!("resp_{answered}");
+    let t = traces
+        .iter()
+        .find(|t| t["response"]["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("Codex's turn was not captured: {traces:#?}"));
+    assert_eq!(t["api"], "openai.responses");
+    assert_eq!(t["outcome"], "complete", "{t:#}");
+    assert_eq!(t["usage"]["input"], common::ws::responses_usage(answered).0, "{t:#}");
+    assert!(t["request"]["input"].to_string().contains("Say hi."), "{t:#}");
+    assert!(
+        traces.iter().all(|t| t["session_id"] == session.as_str()),
+        "one session for the run: {traces:#?}"
+    );
+    assert_eq!(files_containing(&tap.data_dir, "CODEXSECRET"), Vec::<PathBuf>::new());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llmtap_run_starts_an_in_process_llmtap_when_none_runs() {
     let up = Scripted::start().await;
