@@ -182,7 +182,13 @@ impl WsUpstream {
                             let mut tls: BoxIo = Box::new(tls);
                             let Some(head) = read_head(&mut tls).await else { return };
                             let line = not_upgrade(&String::from_utf8_lossy(&head));
-                            (Box::new(Prefixed { prefix: head, inner: tls }), line)
+                            (
+                                Box::new(Prefixed {
+                                    prefix: head,
+                                    inner: tls,
+                                }),
+                                line,
+                            )
                         }
                     };
                     if let Some(line) = line {
@@ -251,7 +257,9 @@ async fn read_head(stream: &mut BoxIo) -> Option<Vec<u8>> {
 fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, std::path::PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let cert = rcgen::generate_simple_self_signed(
-        ["localhost", "api.openai.com", "chatgpt.com"].map(String::from).to_vec(),
+        ["localhost", "api.openai.com", "chatgpt.com"]
+            .map(String::from)
+            .to_vec(),
     )
     .unwrap();
     let pem = dir.path().join("ws-upstream-ca.pem");
