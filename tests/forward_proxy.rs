@@ -302,7 +302,6 @@ async fn claude_code_through_llmtap_run_is_captured_without_a_base_url() {
 /// A Task sub-agent through `llmtap run` (the scripted answers of tests/clients_claude_code.rs): the sub-agent's
 /// trajectory is linked to the step that started it, as in base-URL mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: in forward mode the sub-agent's second call and the main agent's last call start new trajectories"]
 async fn claude_code_task_subagent_through_llmtap_run_is_linked_to_its_parent_step() {
     let Some(bin) = claude_binary() else {
         eprintln!("SKIP: no Claude Code build for this platform");
