@@ -468,6 +468,13 @@ async fn codex_cli_on_its_built_in_provider_through_llmtap_run_uses_the_websocke
         let host = c.headers.iter().find(|(k, _)| k == "host").map(|(_, v)| v.as_str());
         assert_eq!(host, Some("api.openai.com"), "the real host, unchanged");
     }
+    assert!(
+        conns
+            .iter()
+            .flat_map(|c| c.headers.iter())
+            .any(|(k, v)| k == "authorization" && v == "Bearer sk-test-CODEXSECRET-forward"),
+        "the API key login reaches the provider"
+    );
     let traces = tap.wait_for_traces(answered as usize);
     let id = format!("resp_{answered}");
     let t = traces
