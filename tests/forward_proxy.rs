@@ -187,6 +187,57 @@ fn claude_binary() -> Option<PathBuf> {
     wrapper.exists().then_some(wrapper)
 }
 
+const CLAUDE_KEY: &str = "sk-ant-api03-CLIENTSECRET-forward";
+
+/// `claude -p <prompt>` through `llmtap run`, isolated from the developer's config, its base URL untouched.
+fn claude_via_run(tap: &Llmtap, config: &str, bin: &Path, home: &Path, project: &Path, prompt: &str) -> Command {
+    let mut cmd = run_command(tap, config, &["--"]);
+    cmd.arg(bin)
+        .current_dir(project)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("CLAUDE_CONFIG_DIR", home.join(".claude"))
+        .env("ANTHROPIC_API_KEY", CLAUDE_KEY)
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_ERROR_REPORTING", "1")
+        .env("DISABLE_BUG_COMMAND", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("CLAUDE_CODE_DISABLE_TERMINAL_TITLE", "1")
+        .args(["-p", prompt])
+        // Last: `--allowedTools` takes every following argument as a tool name.
+        .args(["--output-format", "json", "--allowedTools", "Bash"]);
+    cmd
+}
+
+/// The session `llmtap run` printed on stderr.
+fn run_session(stderr: &str) -> String {
+    stderr
+        .split("session ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no session in {stderr}"))
+        .to_owned()
+}
+
+/// The agent step that called `tool`, and the observation joined to that call.
+fn tool_call_and_result<'a>(steps: &'a [Value], tool: &str) -> (&'a Value, Value, Value) {
+    for s in steps {
+        for c in s["tool_calls"].as_array().into_iter().flatten() {
+            if c["tool_name"] == tool {
+                let obs = steps
+                    .iter()
+                    .flat_map(|o| o["observations"].as_array().cloned().unwrap_or_default())
+                    .find(|o| o["source_call_id"] == c["tool_call_id"])
+                    .unwrap_or_else(|| panic!("the {tool} call has no observation: {steps:#?}"));
+                return (s, c.clone(), obs);
+            }
+        }
+    }
+    panic!("no {tool} call in {steps:#?}")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_through_llmtap_run_is_captured_without_a_base_url() {
     let Some(bin) = claude_binary() else {
@@ -198,34 +249,20 @@ async fn claude_code_through_llmtap_run_is_captured_without_a_base_url() {
     let config = forward_config(&up, "");
     let tap = Llmtap::start(&config, dir.path());
     let (home, project) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let key = "sk-ant-api03-CLIENTSECRET-forward";
-    let mut cmd = run_command(&tap, &config, &["--"]);
-    cmd.arg(&bin)
-        .current_dir(project.path())
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", home.path())
-        .env("CLAUDE_CONFIG_DIR", home.path().join(".claude"))
-        .env("ANTHROPIC_API_KEY", key)
-        .env("DISABLE_AUTOUPDATER", "1")
-        .env("DISABLE_TELEMETRY", "1")
-        .env("DISABLE_ERROR_REPORTING", "1")
-        .env("DISABLE_BUG_COMMAND", "1")
-        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        .env("CLAUDE_CODE_DISABLE_TERMINAL_TITLE", "1")
-        .args(["-p", "Say hi using the shell."])
-        .args(["--output-format", "json", "--allowedTools", "Bash"]);
+    let key = CLAUDE_KEY;
+    let cmd = claude_via_run(
+        &tap,
+        &config,
+        &bin,
+        home.path(),
+        project.path(),
+        "Say hi using the shell.",
+    );
     let run = run_client(cmd, 90).await;
     eprintln!("claude -p via llmtap run: {:.1} s\n{}", run.secs, up.dump());
     let out: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
     assert_eq!(out["result"], SCRIPTED_TEXT, "{out:#}");
-    let session = run
-        .stderr
-        .split("session ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .unwrap()
-        .to_owned();
+    let session = run_session(&run.stderr);
 
     let calls = up.model_calls();
     assert!(calls.iter().any(|s| s.tool.as_deref() == Some("Bash")), "{}", up.dump());
@@ -260,6 +297,199 @@ async fn claude_code_through_llmtap_run_is_captured_without_a_base_url() {
             .any(|r| r.headers.get("x-api-key").is_some_and(|v| v == key))
     );
     assert_eq!(files_containing(&tap.data_dir, "CLIENTSECRET"), Vec::<PathBuf>::new());
+}
+
+/// A Task sub-agent through `llmtap run` (the scripted answers of tests/clients_claude_code.rs): the sub-agent's
+/// trajectory is linked to the step that started it, as in base-URL mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_task_subagent_through_llmtap_run_is_linked_to_its_parent_step() {
+    let Some(bin) = claude_binary() else {
+        eprintln!("SKIP: no Claude Code build for this platform");
+        return;
+    };
+    let up = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = forward_config(&up, "");
+    let tap = Llmtap::start(&config, dir.path());
+    let (home, project) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let prompt = "[[tool:Task]] Delegate saying hi to a helper.";
+    let cmd = claude_via_run(&tap, &config, &bin, home.path(), project.path(), prompt);
+    let run = run_client(cmd, 90).await;
+    eprintln!("claude -p (Task) via llmtap run: {:.1} s\n{}", run.secs, up.dump());
+    let out: Value = serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    assert_eq!(out["result"], SCRIPTED_TEXT, "{out:#}");
+    let session = run_session(&run.stderr);
+    let delegated: Vec<_> = up
+        .model_calls()
+        .into_iter()
+        .filter(|s| s.tool.as_deref() == Some("Agent") || s.tool.as_deref() == Some("Task"))
+        .collect();
+    assert_eq!(delegated.len(), 1, "{}", up.dump());
+    let sub_calls = up
+        .model_calls()
+        .into_iter()
+        .filter(|s| {
+            s.request["messages"][0]
+                .to_string()
+                .contains("Run the shell command `echo hi`")
+        })
+        .count();
+    assert_eq!(sub_calls, 2, "the sub-agent's Bash round and its answer: {}", up.dump());
+    for rec in up.received() {
+        assert_eq!(rec.authority.as_deref(), Some("api.anthropic.com"));
+    }
+    let traces = up.assert_captured(&tap);
+    assert!(
+        traces.iter().all(|t| t["session_id"] == session.as_str()),
+        "one session for the run, the sub-agent's calls included"
+    );
+
+    let mut by_traj: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
+    for s in tap.export("steps", &[]) {
+        by_traj
+            .entry(s["trajectory_id"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(s);
+    }
+    let (main_id, main_steps) = by_traj
+        .iter()
+        .find(|(_, steps)| {
+            steps
+                .iter()
+                .any(|s| s["content"].as_str().is_some_and(|c| c.contains("Delegate saying hi")))
+        })
+        .unwrap_or_else(|| panic!("no main trajectory: {by_traj:#?}"));
+    let (spawning, call, obs) = tool_call_and_result(main_steps, delegated[0].tool.as_deref().unwrap());
+    assert!(
+        obs["content"].as_str().unwrap_or("").contains(SCRIPTED_TEXT),
+        "the sub-agent's answer is the observation: {obs:#}"
+    );
+    let (sub_id, sub_steps) = by_traj
+        .iter()
+        .find(|(id, steps)| *id != main_id && steps.iter().any(|s| s["parent_trajectory_id"] == main_id.as_str()))
+        .unwrap_or_else(|| panic!("no sub-agent trajectory under {main_id}: {by_traj:#?}"));
+    let first = &sub_steps[0];
+    assert_eq!(first["parent_tool_call_id"], call["tool_call_id"], "{first:#}");
+    assert_eq!(first["parent_step"], spawning["step_index"], "{first:#}");
+    assert!(
+        sub_steps
+            .iter()
+            .filter(|s| s["role"] == "agent")
+            .all(|s| s["call_type"] == "subagent"),
+        "{sub_steps:#?}"
+    );
+    let (_, bash, bash_obs) = tool_call_and_result(sub_steps, "Bash");
+    assert_eq!(bash["input"]["command"], "echo hi");
+    assert!(bash_obs["content"].as_str().unwrap_or("").contains("hi"));
+    let sessions = tap.sessions_json();
+    let row = sessions.iter().find(|r| r["trajectory_id"] == sub_id.as_str()).unwrap();
+    assert_eq!(row["llm_calls"], 2, "{row:#}");
+    assert!(
+        up.received()
+            .iter()
+            .any(|r| r.headers.get("x-api-key").is_some_and(|v| v == CLAUDE_KEY))
+    );
+    assert_eq!(files_containing(&tap.data_dir, "CLIENTSECRET"), Vec::<PathBuf>::new());
+}
+
+/// Codex CLI on its built-in OpenAI provider (no base URL, no `model_providers` entry), through `llmtap run`:
+/// its Responses WebSocket to api.openai.com is intercepted inside the tunnel and captured as a turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_cli_on_its_built_in_provider_through_llmtap_run_uses_the_websocket_and_is_captured() {
+    let codex = match std::env::var_os("LLMTAP_TEST_CODEX") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            node_package("@openai/codex");
+            node_clients_dir().join("node_modules/.bin/codex")
+        }
+    };
+    let up = common::ws::WsUpstream::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[api]\nlisten = \"off\"\n[forward]\nca_file = \"{}\"\n[forward.resolve]\n\"api.openai.com\" = \"{}\"\n",
+        up.ca_pem_path.as_ref().unwrap().display(),
+        up.addr
+    );
+    let tap = Llmtap::start(&config, dir.path());
+    let (home, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut cmd = run_command(&tap, &config, &["--"]);
+    cmd.arg(&codex)
+        .args([
+            "exec",
+            "--skip-git-repo-check",
+            "--sandbox",
+            "read-only",
+            "-m",
+            "gpt-test",
+        ])
+        .args(["-c", "web_search=\"disabled\""])
+        .arg("Say hi.")
+        .current_dir(work.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("CODEX_HOME", home.path())
+        .env("OPENAI_API_KEY", "sk-test-CODEXSECRET-forward")
+        .env("CODEX_API_KEY", "sk-test-CODEXSECRET-forward");
+    let run = run_client(cmd, 60).await;
+    let answered: u64 = run
+        .stdout
+        .trim()
+        .strip_prefix("Answer ")
+        .and_then(|n| n.trim_end_matches('.').parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "Codex did not print the scripted answer:\n{}\n{}",
+                run.stdout, run.stderr
+            )
+        });
+    let session = run
+        .stderr
+        .split("session ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let fallbacks: Vec<String> = up
+        .http_log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("/responses"))
+        .cloned()
+        .collect();
+    assert!(fallbacks.is_empty(), "Codex fell back to HTTP: {fallbacks:?}");
+    let conns = up.conns();
+    assert!(
+        conns.iter().any(|c| c.path.ends_with("/v1/responses")),
+        "the built-in provider's path"
+    );
+    for c in &conns {
+        let host = c.headers.iter().find(|(k, _)| k == "host").map(|(_, v)| v.as_str());
+        assert_eq!(host, Some("api.openai.com"), "the real host, unchanged");
+    }
+    assert!(
+        conns
+            .iter()
+            .flat_map(|c| c.headers.iter())
+            .any(|(k, v)| k == "authorization" && v == "Bearer sk-test-CODEXSECRET-forward"),
+        "the API key login reaches the provider"
+    );
+    let traces = tap.wait_for_traces(answered as usize);
+    let id = format!("resp_{answered}");
+    let t = traces
+        .iter()
+        .find(|t| t["response"]["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("Codex's turn was not captured: {traces:#?}"));
+    assert_eq!(t["api"], "openai.responses");
+    assert_eq!(t["outcome"], "complete", "{t:#}");
+    assert_eq!(t["usage"]["input"], common::ws::responses_usage(answered).0, "{t:#}");
+    assert!(t["request"]["input"].to_string().contains("Say hi."), "{t:#}");
+    assert!(
+        traces.iter().all(|t| t["session_id"] == session.as_str()),
+        "one session for the run: {traces:#?}"
+    );
+    assert_eq!(files_containing(&tap.data_dir, "CODEXSECRET"), Vec::<PathBuf>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,61 +584,69 @@ async fn hosts_off_the_list_are_tunnelled_blind() {
     assert!(!ca_path(dir.path()).exists(), "no CA is made for blind tunnels");
 }
 
+/// A real SigV4 signature: botocore signs a Bedrock InvokeModel request offline (tests/sdk/sigv4.py) and sends it
+/// through `llmtap run`'s HTTPS_PROXY; the upstream standing in for the AWS host recomputes the signature from the
+/// bytes it received, as AWS does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigv4_signed_bedrock_request_passes_byte_for_byte() {
     let up = Scripted::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let tap = Llmtap::start(&forward_config(&up, ""), dir.path());
-    tap.cli(&["ca"]);
+    let config = forward_config(&up, "");
+    let tap = Llmtap::start(&config, dir.path());
     let host = "bedrock-runtime.us-east-1.amazonaws.com";
-    let (status, _, tcp) = connect(tap.addr, &format!("{host}:443"), "").await;
-    assert_eq!(status, 200);
-    let ca = ca_path(dir.path());
-    let tls = tls_connector(&[&ca])
-        .connect(host.try_into().unwrap(), tcp)
-        .await
-        .unwrap();
-    // A SigV4 signature covers the method, path, query, Host, x-amz-* headers and the body's hash: each must
-    // reach the provider exactly as signed.
-    let body =
-        r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
-    let path = "/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/invoke";
-    let auth = "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261126/us-east-1/bedrock/aws4_request, \
-                SignedHeaders=content-type;host;x-amz-content-sha256;x-amz-date, \
-                Signature=5d672d79c15b13162d9279b0855cfba6789a8edb4c82c400e06b5924a6f2b5d7";
-    let signed = [
-        ("content-type", "application/json"),
-        ("x-amz-date", "20261126T235900Z"),
-        (
-            "x-amz-content-sha256",
-            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
-        ),
-        ("authorization", auth),
-    ];
-    let mut req = http::Request::post(path).header("host", host);
-    for (k, v) in signed {
-        req = req.header(k, v);
-    }
-    let (status, _, answer) = request_over(tls, req.body(Full::new(Bytes::from(body))).unwrap()).await;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/sigv4.py");
+    let mut cmd = run_command(&tap, &config, &["--"]);
+    cmd.arg(python()).arg(&script).arg("send");
+    let run = run_client(cmd, 60).await;
+    let sent: Value =
+        serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}\n{}", run.stdout, run.stderr));
     // The scripted upstream knows no Bedrock path: its own answer (not llmtap's) comes back unchanged.
-    let sent = up.sent();
-    assert_eq!(sent.len(), 1);
-    assert_eq!(status, sent[0].status);
-    assert_eq!(answer.as_ref(), sent[0].body.as_slice());
+    let answers = up.sent();
+    assert_eq!(answers.len(), 1);
+    assert_eq!(sent["status"], answers[0].status);
+    assert_eq!(sent["body"].as_str().unwrap().as_bytes(), answers[0].body.as_slice());
+
+    // Every signed header reaches the provider exactly as signed, with the path (and its encoding) and body.
     let rec = &up.received()[0];
     assert_eq!(rec.authority.as_deref(), Some(host));
-    assert_eq!(rec.path, path, "path (and its encoding) unchanged");
     assert_eq!(rec.method, "POST");
+    assert_eq!(rec.path, "/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/invoke");
+    let signed = sent["signed"].as_object().unwrap();
+    assert!(
+        signed.contains_key("X-Amz-Date") && signed.contains_key("Authorization"),
+        "{signed:?}"
+    );
     for (k, v) in signed {
-        assert_eq!(rec.headers.get(k).unwrap(), v, "{k}");
+        assert_eq!(rec.headers.get(k.as_str()).unwrap(), v.as_str().unwrap(), "{k}");
     }
-    assert_eq!(rec.body.as_ref(), body.as_bytes());
+    // The upstream's check: the signature recomputed from the received bytes is the one the client made.
+    let received = serde_json::json!({
+        "method": rec.method,
+        "host": rec.authority,
+        "path": rec.path,
+        "headers": rec.headers.iter().map(|(k, v)| [k.as_str(), v.to_str().unwrap()]).collect::<Vec<_>>(),
+        "body": std::str::from_utf8(&rec.body).unwrap(),
+    });
+    let mut verify = std::process::Command::new(python())
+        .arg(&script)
+        .arg("verify")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut verify.stdin.take().unwrap(), received.to_string().as_bytes()).unwrap();
+    let out = verify.wait_with_output().unwrap();
+    let check: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert_eq!(check["valid"], true, "the signature survives the proxy: {check:#}");
+    let signature = check["signature"].as_str().unwrap();
+    assert_eq!(signature.len(), 64, "{check:#}");
+
     // Kept as a raw trace (no adapter knows Bedrock's invoke path), with the signature redacted.
     let traces = tap.wait_for_traces(1);
     assert_eq!(traces[0]["upstream"], host);
-    assert_eq!(traces[0]["path"], path);
+    assert_eq!(traces[0]["path"], rec.path);
     assert_eq!(traces[0]["headers"]["request"]["authorization"], "REDACTED");
-    assert_eq!(files_containing(dir.path(), "5d672d79c15b1316"), Vec::<PathBuf>::new());
+    assert_eq!(files_containing(dir.path(), signature), Vec::<PathBuf>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

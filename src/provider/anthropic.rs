@@ -22,6 +22,34 @@ use crate::model::usage::{Usage, u64_at};
 
 pub struct AnthropicMessages;
 
+/// Claude Code talking to the first-party host (forward mode) puts a per-request attestation block first in
+/// `system` (`x-anthropic-billing-header: ...; cch=<changes every call>;`). It is not prompt text, and keeping it
+/// would give every call of one agent another system prompt (read as a handoff to another agent), so the
+/// system prompt leaves it out; the trace keeps the request's bytes.
+const BILLING_BLOCK_PREFIX: &str = "x-anthropic-billing-header:";
+
+fn system_text(system: &Json<'_>) -> String {
+    let Some(blocks) = system.as_array() else {
+        return content_to_text(system);
+    };
+    let mut out = String::new();
+    let mut first = true;
+    for b in blocks {
+        let text = match (b.str_at("text"), b) {
+            (Some(t), _) if t.starts_with(BILLING_BLOCK_PREFIX) => continue,
+            (Some(t), _) => t.to_owned(),
+            (None, Json::String(s)) => s.to_string(),
+            (None, other) => other.to_string(),
+        };
+        if !first {
+            out.push('\n');
+        }
+        first = false;
+        out.push_str(&text);
+    }
+    out
+}
+
 impl ProviderAdapter for AnthropicMessages {
     fn api(&self) -> Api {
         Api::AnthropicMessages
@@ -152,7 +180,7 @@ impl ProviderAdapter for AnthropicMessages {
 
     fn read_call(&self, ctx: &CallContext<'_>, req: &Json<'_>, resp: &Json<'_>) -> NormalizedCall {
         let system = match req.get("system") {
-            Some(s) => Some(content_to_text(s)).filter(|s| !s.is_empty()),
+            Some(s) => Some(system_text(s)).filter(|s| !s.is_empty()),
             None => None,
         };
         let mut messages = Vec::new();
@@ -325,7 +353,22 @@ fn usage_of(u: &Json<'_>) -> Usage {
 
 #[cfg(test)]
 mod tests {
-    use super::claude_code_session;
+    use super::{claude_code_session, system_text};
+    use crate::model::json::Json;
+
+    #[test]
+    fn the_per_request_billing_block_is_not_part_of_the_system_prompt() {
+        let text = |cch: &str| {
+            let raw = format!(
+                r#"[{{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.197.066; cch={cch};"}},
+                   {{"type":"text","text":"You are Claude Code."}},{{"type":"text","text":"Be brief."}}]"#
+            );
+            system_text(&Json::parse(&raw).unwrap())
+        };
+        assert_eq!(text("87acd"), "You are Claude Code.\nBe brief.");
+        assert_eq!(text("87acd"), text("93919"), "one agent's calls keep one system prompt");
+        assert_eq!(system_text(&Json::parse(r#""Plain.""#).unwrap()), "Plain.");
+    }
 
     #[test]
     fn claude_code_session_from_both_user_id_shapes() {

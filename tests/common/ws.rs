@@ -7,6 +7,8 @@
 //! connect; `response.create` → ... → `response.done` with usage), anything else echoes every message.
 //! A request that is not an upgrade is counted in [`WsUpstream::http_requests`] (a client's HTTP fallback).
 //! Both ends record every byte they read and wrote, so tests compare the two sides of llmtap byte for byte.
+//! [`WsUpstream::start_tls`] serves the same over TLS (a certificate for the provider hosts under a test CA), for
+//! forward-proxy tests that send a provider host here with `[forward] resolve`.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -90,6 +92,45 @@ pub struct WsUpstream {
     pub http_requests: Arc<AtomicU64>,
     /// Their request lines (`POST /v1/responses`, ...): a client's HTTP fallback shows here.
     pub http_log: Arc<Mutex<Vec<String>>>,
+    /// The test CA of a TLS upstream (llmtap's `[forward] ca_file`); None for plain TCP.
+    pub ca_pem_path: Option<std::path::PathBuf>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// Any byte stream the scripts can speak over (plain TCP or TLS).
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+type BoxIo = Box<dyn Io>;
+
+/// A stream that first yields bytes already read from it (the request head read to tell an upgrade from plain
+/// HTTP, which a TLS stream cannot peek).
+struct Prefixed {
+    prefix: Vec<u8>,
+    inner: BoxIo,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// What the Responses script reports for its `n`th response: (input, output, cached) tokens.
@@ -104,8 +145,23 @@ pub fn realtime_usage(n: u64) -> (u64, u64, u64) {
 
 impl WsUpstream {
     pub async fn start() -> WsUpstream {
+        WsUpstream::start_with(false).await
+    }
+
+    /// Over TLS, with a certificate for the provider hosts (`ca_pem_path` is its test CA).
+    pub async fn start_tls() -> WsUpstream {
+        WsUpstream::start_with(true).await
+    }
+
+    async fn start_with(tls: bool) -> WsUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let (acceptor, ca_pem_path, dir) = if tls {
+            let (acceptor, pem, dir) = tls_acceptor();
+            (Some(acceptor), Some(pem), Some(dir))
+        } else {
+            (None, None, None)
+        };
         let conns: Arc<Mutex<Vec<WsConn>>> = Default::default();
         let http_requests = Arc::new(AtomicU64::new(0));
         let http_log: Arc<Mutex<Vec<String>>> = Default::default();
@@ -114,14 +170,34 @@ impl WsUpstream {
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let (conns, http, log, responses) = (c.clone(), h.clone(), l.clone(), responses.clone());
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    if let Some(line) = plain_http(&tcp).await {
+                    let (stream, line): (BoxIo, Option<String>) = match acceptor {
+                        None => {
+                            let line = plain_http(&tcp).await;
+                            (Box::new(tcp), line)
+                        }
+                        Some(acceptor) => {
+                            let Ok(tls) = acceptor.accept(tcp).await else { return };
+                            let mut tls: BoxIo = Box::new(tls);
+                            let Some(head) = read_head(&mut tls).await else { return };
+                            let line = not_upgrade(&String::from_utf8_lossy(&head));
+                            (
+                                Box::new(Prefixed {
+                                    prefix: head,
+                                    inner: tls,
+                                }),
+                                line,
+                            )
+                        }
+                    };
+                    if let Some(line) = line {
                         http.fetch_add(1, Ordering::SeqCst);
                         log.lock().unwrap().push(line.clone());
-                        answer_http(tcp, &line).await;
+                        answer_http(stream, &line).await;
                         return;
                     }
-                    serve(tcp, conns, http, responses).await
+                    serve(stream, conns, http, responses).await
                 });
             }
         });
@@ -130,6 +206,8 @@ impl WsUpstream {
             conns,
             http_requests,
             http_log,
+            ca_pem_path,
+            _dir: dir,
         }
     }
 
@@ -152,13 +230,53 @@ async fn plain_http(tcp: &TcpStream) -> Option<String> {
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     };
+    not_upgrade(&head)
+}
+
+/// The request line of `head` when it is not a WebSocket upgrade.
+fn not_upgrade(head: &str) -> Option<String> {
     let upgrade = head.to_ascii_lowercase().contains("upgrade: websocket");
     (!upgrade).then(|| head.lines().next().unwrap_or("").to_owned())
 }
 
+/// Reads up to the end of the first request head (byte by byte: what follows is the WebSocket's or the body's).
+async fn read_head(stream: &mut BoxIo) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 64 * 1024 {
+        if stream.read(&mut byte).await.ok()? == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    Some(head)
+}
+
+/// A TLS acceptor with a certificate for the provider hosts; the test CA's PEM file and its directory.
+fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, std::path::PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(
+        ["localhost", "api.openai.com", "chatgpt.com"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .unwrap();
+    let pem = dir.path().join("ws-upstream-ca.pem");
+    std::fs::write(&pem, cert.cert.pem()).unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap();
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), pem, dir)
+}
+
 /// A plain HTTP request: an empty model list for `GET .../models`, else 404 (the scripted upstream only speaks
 /// WebSocket). The connection closes after the answer.
-async fn answer_http(mut tcp: TcpStream, line: &str) {
+async fn answer_http(mut tcp: BoxIo, line: &str) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
     let _ = tokio::time::timeout(std::time::Duration::from_millis(200), tcp.read(&mut buf)).await;
@@ -183,7 +301,7 @@ type Handshake = (String, Vec<(String, String)>);
 
 // tungstenite's handshake callback returns its own (large) error type.
 #[allow(clippy::result_large_err)]
-async fn serve(tcp: TcpStream, conns: Arc<Mutex<Vec<WsConn>>>, http: Arc<AtomicU64>, responses: Arc<AtomicU64>) {
+async fn serve(tcp: BoxIo, conns: Arc<Mutex<Vec<WsConn>>>, http: Arc<AtomicU64>, responses: Arc<AtomicU64>) {
     let stream = Recording::new(tcp);
     let (read, written) = (stream.read.clone(), stream.written.clone());
     let seen: Arc<Mutex<Handshake>> = Default::default();
@@ -224,7 +342,7 @@ async fn serve(tcp: TcpStream, conns: Arc<Mutex<Vec<WsConn>>>, http: Arc<AtomicU
     closed.store(true, Ordering::SeqCst);
 }
 
-type Ws = WebSocketStream<Recording<TcpStream>>;
+type Ws = WebSocketStream<Recording<BoxIo>>;
 
 async fn send(ws: &mut Ws, event: Value) {
     let _ = ws.send(Message::text(event.to_string())).await;
