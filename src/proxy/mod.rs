@@ -414,10 +414,21 @@ impl Proxy {
         upstream_request_headers(&mut parts.headers);
         let upstream_req = Request::from_parts(parts, body);
 
-        // Until the upstream answers, the exchange is captured even if this future is dropped (the client went
-        // away, or shutdown closed the connection).
+        let sent = self.clients.for_upstream(&upstream.name).request(upstream_req);
+        self.await_upstream(pending, head_request, sent).await
+    }
+
+    /// The upstream's answer to a request sent (`sent`), captured and handed to the client as it streams; one
+    /// place for base-URL mode and the forward-proxy tunnel. Until the upstream answers, the exchange is
+    /// captured even if this future is dropped (the client went away, or shutdown closed the connection).
+    async fn await_upstream(
+        &self,
+        pending: Option<PendingExchange>,
+        head_request: bool,
+        sent: impl Future<Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut waiting = AwaitingUpstream(pending);
-        let resp = match self.clients.for_upstream(&upstream.name).request(upstream_req).await {
+        let resp = match sent.await {
             Ok(resp) => resp,
             Err(error) => {
                 self.metrics.upstream_errors.inc();

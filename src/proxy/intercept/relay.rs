@@ -5,15 +5,14 @@
 use std::sync::Arc;
 
 use http::uri::{Authority, Scheme};
-use http::{HeaderValue, Request, Response, StatusCode, Uri, header};
-use http_body_util::Either;
+use http::{HeaderValue, Request, Response, Uri, header};
 use hyper::body::Incoming;
 
 use super::super::limits::ClientBody;
 
-use super::super::forward::{strip_hop_by_hop, upstream_request_headers};
+use super::super::forward::upstream_request_headers;
 use super::super::tap::{PendingExchange, RequestBody, RequestSlot, Tap, TapBody};
-use super::super::{AwaitingUpstream, Proxy, ProxyBody, ProxyError, error_chain, exchange_meta};
+use super::super::{Proxy, ProxyBody, ProxyError, exchange_meta};
 use super::Target;
 use super::hosts::Intercepted;
 use super::websocket;
@@ -145,32 +144,7 @@ impl Tunnel {
         upstream_request_headers(&mut parts.headers);
         let upstream_req = Request::from_parts(parts, body);
 
-        let mut waiting = AwaitingUpstream(pending);
-        let resp = match clients.for_host(&self.host).request(upstream_req).await {
-            Ok(resp) => resp,
-            Err(error) => {
-                proxy.metrics.upstream_errors.inc();
-                let error = ProxyError::Upstream(error_chain(&error));
-                // The request never went out: what the client sent is still worth keeping (as in base-URL mode).
-                waiting.capture_rest(proxy.max_body_bytes).await;
-                waiting.send(Outcome::UpstreamError, error.to_string());
-                return Err(error);
-            }
-        };
-        let pending = waiting.0.take();
-
-        let (mut parts, body) = resp.into_parts();
-        parts.version = http::Version::HTTP_11;
-        strip_hop_by_hop(&mut parts.headers);
-        let tap = pending.map(|mut p| {
-            p.exchange.status = Some(parts.status.as_u16());
-            Tap::response(proxy.redactor.redact_headers(&parts.headers), proxy.max_body_bytes, p)
-        });
-        let mut body = TapBody::new(body, tap);
-        let s = parts.status;
-        if head_request || s.is_informational() || s == StatusCode::NO_CONTENT || s == StatusCode::NOT_MODIFIED {
-            body.finish_bodiless();
-        }
-        Ok(Response::from_parts(parts, Either::Left(body)))
+        let sent = clients.for_host(&self.host).request(upstream_req);
+        proxy.await_upstream(pending, head_request, sent).await
     }
 }
