@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Benchmarks: builds release binaries and prints figures (nothing is asserted).
-#   scripts/bench.sh            full run (~6 minutes): proxy latency/throughput/streams/memory, export, derivation
+#   scripts/bench.sh            full run (~9 minutes): proxy latency/throughput/streams/memory, forward mode, export,
+#                               derivation
 #   scripts/bench.sh --smoke    tiny configuration on the debug build; CI runs it to check the benchmark still works
-#   scripts/bench.sh proxy|derive [--smoke]
+#   scripts/bench.sh proxy|forward|derive [--smoke]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The smoke run only checks that the benchmark still works: it uses the test profile's build, which CI has

@@ -1,6 +1,7 @@
 //! llmtap's benchmark: prints figures, asserts nothing. `scripts/bench.sh` builds it in release and runs it.
 //!
-//! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `latency` and `throughput`
+//! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `forward` (the forward mode's
+//! TLS-terminating hop against nginx's: added latency, throughput, new TLS connections per second), `latency` and `throughput`
 //! (its first two phases, alone; `LLMTAP_BENCH_BASELINE=<path to another build's llmtap>` adds that build, capture
 //! on, as one more target of every round),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
@@ -8,7 +9,7 @@
 //! its sessions list on a store of 100,000 one-call sessions), `bytes` (store bytes per call of a 100-call
 //! session), `lossless` (the lossless capture rate), `store-rate` (the pipeline and store writer's own
 //! capacity); `--smoke` runs a tiny configuration (CI checks it still runs).
-//! Internal: `upstream`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
+//! Internal: `upstream`, `upstream-tls CERT KEY`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
 //! OTLP/gRPC receiver that counts spans) and `saturate URL [SECS] [CONNS]` (the throughput phase's closed-loop
 //! load against one URL), for profiling llmtap by hand.
 #![allow(clippy::print_stdout)]
@@ -16,6 +17,7 @@
 mod capture;
 mod codec;
 mod derive;
+mod forward;
 mod proxy;
 mod servers;
 mod stats;
@@ -65,6 +67,7 @@ fn main() {
     match mode {
         "all" => {
             proxy::run(scale, proxy::Phases::All);
+            forward::run(scale, smoke);
             proxy::export(if smoke { 500 } else { 20_000 });
             derive::run(calls);
             codec::run(codec_rounds);
@@ -77,7 +80,16 @@ fn main() {
         "latency" => proxy::run(scale, proxy::Phases::Latency),
         "throughput" => proxy::run(scale, proxy::Phases::Throughput),
         "memory" => proxy::memory(scale),
+        "forward" => forward::run(scale, smoke),
         "upstream" => report(servers::upstream()),
+        "upstream-tls" => {
+            let mut rest = args.iter().filter(|a| !a.starts_with("--")).skip(1);
+            let (cert, key) = (
+                rest.next().cloned().unwrap_or_default(),
+                rest.next().cloned().unwrap_or_default(),
+            );
+            report(servers::upstream_tls(&cert, &key))
+        }
         "passthrough" => {
             let port = args
                 .iter()
@@ -126,7 +138,7 @@ fn main() {
         }
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
         other => eprintln!(
-            "unknown mode {other:?}; modes: all, proxy, latency, throughput, memory, export, derive, codec, viewer, bytes, lossless, \
+            "unknown mode {other:?}; modes: all, proxy, forward, latency, throughput, memory, export, derive, codec, viewer, bytes, lossless, \
              store-rate [N] [ROUNDS], saturate URL [SECS] [CONNS], pace URL [RATE] [SECS]"
         ),
     }

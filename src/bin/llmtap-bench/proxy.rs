@@ -72,9 +72,9 @@ pub const SMOKE: Scale = Scale {
     flood_calls: 500,
 };
 
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
+pub(super) struct Proc {
+    pub(super) child: Child,
+    pub(super) addr: SocketAddr,
 }
 
 impl Drop for Proc {
@@ -84,7 +84,7 @@ impl Drop for Proc {
     }
 }
 
-fn spawn(mut cmd: Command) -> Proc {
+pub(super) fn spawn(mut cmd: Command) -> Proc {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -137,7 +137,7 @@ pub fn wait_caught_up(metric: impl Fn(&str) -> u64, poll: Duration) -> Duration 
     start.elapsed()
 }
 
-fn metrics_text(addr: SocketAddr) -> String {
+pub(super) fn metrics_text(addr: SocketAddr) -> String {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(addr) else {
         return String::new();
@@ -149,7 +149,7 @@ fn metrics_text(addr: SocketAddr) -> String {
     out
 }
 
-fn exe_dir() -> PathBuf {
+pub(super) fn exe_dir() -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|p| p.to_owned()))
@@ -190,7 +190,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// llmtap with capture on or off; with capture on, spans and metrics go to the OTLP receiver at `otlp`. `extra`
 /// is appended to the generated config (TOML).
-fn start_llmtap(
+pub(super) fn start_llmtap(
     upstream: SocketAddr,
     capture: bool,
     otlp: Option<SocketAddr>,
@@ -757,13 +757,25 @@ fn print_streams(label: &str, targets: &[(&str, String)], runs: &[Vec<(Duration,
 /// nginx (Debian's package) as a plain reverse proxy to the upstream: the reference hop. Two worker processes
 /// (the machine's cores, as llmtap's runtime has), keep-alive to the upstream, no buffering (SSE passes through
 /// as it arrives), no access log. None if nginx is not installed or does not start.
-struct Nginx {
+pub(super) struct Nginx {
     child: Child,
-    addr: SocketAddr,
+    pub(super) addr: SocketAddr,
 }
 
 impl Nginx {
     fn start(upstream: SocketAddr, dir: &std::path::Path) -> Option<Nginx> {
+        Nginx::start_with(upstream, dir, "", "", "proxy_pass http://up;")
+    }
+
+    /// [`Nginx::start`] with `listen` (parameters after the address: `ssl`), `server` (directives of the server
+    /// block: its certificate) and `proxy` (the location's `proxy_pass` and its TLS settings) as given.
+    pub(super) fn start_with(
+        upstream: SocketAddr,
+        dir: &std::path::Path,
+        listen: &str,
+        server: &str,
+        proxy: &str,
+    ) -> Option<Nginx> {
         let bin = ["/usr/sbin/nginx", "/usr/bin/nginx"]
             .into_iter()
             .find(|p| std::path::Path::new(p).exists())?;
@@ -777,8 +789,8 @@ impl Nginx {
              http {{\n  access_log off;\n  client_body_temp_path {d}/tmp;\n  proxy_temp_path {d}/tmp;\n\
                fastcgi_temp_path {d}/tmp;\n  uwsgi_temp_path {d}/tmp;\n  scgi_temp_path {d}/tmp;\n\
                upstream up {{ server {upstream}; keepalive 256; }}\n\
-               server {{\n    listen {addr} backlog=4096;\n    client_max_body_size 64m;\n\
-                 location / {{ proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; \
+               server {{\n    listen {addr} {listen} backlog=4096;\n    {server}\n    client_max_body_size 64m;\n\
+                 location / {{ {proxy} proxy_http_version 1.1; proxy_set_header Connection \"\"; \
                  proxy_buffering off; proxy_request_buffering off; }}\n  }}\n}}\n"
         );
         let path = dir.join("nginx.conf");

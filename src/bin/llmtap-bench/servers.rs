@@ -3,6 +3,7 @@
 //! `llmtap-bench passthrough PORT`) and prints `listening on ADDR` as its first line.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -53,6 +54,30 @@ fn with_type(body: Body, content_type: &'static str) -> Response<Body> {
 
 /// Serves `POST .../chat/completions`: JSON by default; SSE when the request has `x-bench-stream: EVENTS,DELAY_MS`.
 pub fn upstream() -> std::io::Result<()> {
+    serve_upstream(None)
+}
+
+/// [`upstream`] over TLS (HTTP/1.1) with the certificate chain and key in the PEM files `cert` and `key`: the
+/// forward-mode benchmark's provider host (`llmtap-bench upstream-tls CERT KEY`).
+pub fn upstream_tls(cert: &str, key: &str) -> std::io::Result<()> {
+    use rustls_pki_types::pem::PemObject;
+    let invalid = |e: &dyn std::fmt::Display| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string());
+    let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert)
+        .map_err(|e| invalid(&e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(&e))?;
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key).map_err(|e| invalid(&e))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(&e))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| invalid(&e))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    serve_upstream(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+}
+
+fn serve_upstream(tls: Option<tokio_rustls::TlsAcceptor>) -> std::io::Result<()> {
     runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("listening on {}", listener.local_addr()?);
@@ -61,6 +86,7 @@ pub fn upstream() -> std::io::Result<()> {
             let (stream, _) = listener.accept().await?;
             let _ = stream.set_nodelay(true);
             let body = body.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                     let body = body.clone();
@@ -85,9 +111,17 @@ pub fn upstream() -> std::io::Result<()> {
                         Ok::<_, Infallible>(resp)
                     }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+                let http = hyper::server::conn::http1::Builder::new();
+                match tls {
+                    Some(tls) => {
+                        if let Ok(stream) = tls.accept(stream).await {
+                            let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                    }
+                    None => {
+                        let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                    }
+                }
             });
         }
     })
