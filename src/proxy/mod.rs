@@ -371,39 +371,17 @@ impl Proxy {
         let (body, pending) = match &self.capture {
             None => (TapBody::new(RequestBody::new(body, None), None), None),
             Some(capture_tx) => {
-                let meta = exchange_meta(&parts.headers, route.session, route.agent);
-                let slot = Arc::new(RequestSlot::default());
-                let tap = Tap::request(
-                    self.redactor.redact_headers(&parts.headers),
-                    self.max_body_bytes,
-                    capture_tx.budget().clone(),
-                    slot.clone(),
-                );
-                let exchange = RawExchange {
-                    id: exchange_id(start),
+                let head = ExchangeHead {
                     upstream: upstream.name.clone(),
                     api: detect_api(upstream.api, route.rest),
                     method: parts.method.clone(),
                     path: self.redactor.redact_path_and_query(uri.path(), uri.query()),
-                    status: None,
-                    request: Captured::default(),
-                    response: None,
-                    timings: Timings {
-                        start,
-                        ..Timings::default()
-                    },
-                    outcome: Outcome::Complete,
-                    error: None,
-                    meta,
-                    charge: Default::default(),
+                    start,
+                    meta: exchange_meta(&parts.headers, route.session, route.agent),
                 };
-                let pending = PendingExchange {
-                    exchange,
-                    request: slot,
-                    capture: capture_tx.clone(),
-                };
-                let rest = Some(pending.request.clone());
-                (TapBody::new(RequestBody::new(body, rest), Some(tap)), Some(pending))
+                let headers = self.redactor.redact_headers(&parts.headers);
+                let (body, pending) = self.tap_request(capture_tx, body, headers, head);
+                (body, Some(pending))
             }
         };
 
@@ -416,6 +394,45 @@ impl Proxy {
 
         let sent = self.clients.for_upstream(&upstream.name).request(upstream_req);
         self.await_upstream(pending, head_request, sent).await
+    }
+
+    /// The request body teed into a new exchange's capture, and the exchange that waits for the upstream's
+    /// answer; one place for base-URL mode and the forward-proxy tunnel. The body keeps what hyper may leave
+    /// unread (see [`AwaitingUpstream::capture_rest`]).
+    fn tap_request(
+        &self,
+        capture: &Arc<CaptureTx>,
+        body: ClientBody<Incoming>,
+        headers: crate::capture::HeaderList,
+        head: ExchangeHead,
+    ) -> (TapBody<RequestBody>, PendingExchange) {
+        let slot = Arc::new(RequestSlot::default());
+        let tap = Tap::request(headers, self.max_body_bytes, capture.budget().clone(), slot.clone());
+        let exchange = RawExchange {
+            id: exchange_id(head.start),
+            upstream: head.upstream,
+            api: head.api,
+            method: head.method,
+            path: head.path,
+            status: None,
+            request: Captured::default(),
+            response: None,
+            timings: Timings {
+                start: head.start,
+                ..Timings::default()
+            },
+            outcome: Outcome::Complete,
+            error: None,
+            meta: head.meta,
+            charge: Default::default(),
+        };
+        let body = TapBody::new(RequestBody::new(body, Some(slot.clone())), Some(tap));
+        let pending = PendingExchange {
+            exchange,
+            request: slot,
+            capture: capture.clone(),
+        };
+        (body, pending)
     }
 
     /// The upstream's answer to a request sent (`sent`), captured and handed to the client as it streams; one
@@ -466,6 +483,17 @@ fn stalled(metrics: &Metrics, stall: Stall) -> Stop {
     }
     tracing::debug!(?stall, "Closing a connection whose client stalled");
     Stop::Stalled
+}
+
+/// What a captured exchange is known by before its request body is read.
+struct ExchangeHead {
+    upstream: Arc<str>,
+    api: crate::capture::Api,
+    method: http::Method,
+    /// Path and query as sent upstream, secrets redacted.
+    path: String,
+    start: crate::capture::UnixMicros,
+    meta: ExchangeMeta,
 }
 
 /// An exchange sent to the upstream whose response head has not arrived. Dropped while still holding it (the

@@ -11,12 +11,12 @@ use hyper::body::Incoming;
 use super::super::limits::ClientBody;
 
 use super::super::forward::upstream_request_headers;
-use super::super::tap::{PendingExchange, RequestBody, RequestSlot, Tap, TapBody};
-use super::super::{Proxy, ProxyBody, ProxyError, exchange_meta};
+use super::super::tap::{RequestBody, TapBody};
+use super::super::{ExchangeHead, Proxy, ProxyBody, ProxyError, exchange_meta};
 use super::Target;
 use super::hosts::Intercepted;
 use super::websocket;
-use crate::capture::{Captured, Outcome, RawExchange, Timings, exchange_id, now_micros};
+use crate::capture::now_micros;
 
 pub struct Tunnel {
     proxy: Arc<Proxy>,
@@ -106,33 +106,16 @@ impl Tunnel {
                     }
                     proxy.redactor.redact_headers(&with_host)
                 };
-                let slot = Arc::new(RequestSlot::default());
-                let tap = Tap::request(headers, proxy.max_body_bytes, capture_tx.budget().clone(), slot.clone());
-                let exchange = RawExchange {
-                    id: exchange_id(start),
+                let head = ExchangeHead {
                     upstream: self.label.clone(),
                     api,
                     method: parts.method.clone(),
                     path: proxy.redactor.redact_path_and_query(uri.path(), uri.query()),
-                    status: None,
-                    request: Captured::default(),
-                    response: None,
-                    timings: Timings {
-                        start,
-                        ..Timings::default()
-                    },
-                    outcome: Outcome::Complete,
-                    error: None,
+                    start,
                     meta,
-                    charge: Default::default(),
                 };
-                let pending = PendingExchange {
-                    exchange,
-                    request: slot,
-                    capture: capture_tx.clone(),
-                };
-                let rest = Some(pending.request.clone());
-                (TapBody::new(RequestBody::new(body, rest), Some(tap)), Some(pending))
+                let (body, pending) = proxy.tap_request(capture_tx, body, headers, head);
+                (body, Some(pending))
             }
             _ => (TapBody::new(RequestBody::new(body, None), None), None),
         };
