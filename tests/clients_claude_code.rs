@@ -11,35 +11,13 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
+use common::claude::*;
 use common::clients::*;
 use common::scripted::{SCRIPTED_TEXT, Scripted};
 use common::*;
 use serde_json::Value;
 
 const KEY: &str = "sk-ant-api03-CLIENTSECRET-claude-code";
-
-/// The native binary of the pinned version; None (the test skips) on a platform the package has no build for.
-fn claude_binary() -> Option<PathBuf> {
-    let pkg = node_package("@anthropic-ai/claude-code");
-    let platform = match (std::env::consts::OS, std::env::consts::ARCH) {
-        ("linux", "x86_64") => "linux-x64",
-        ("linux", "aarch64") => "linux-arm64",
-        ("macos", "x86_64") => "darwin-x64",
-        ("macos", "aarch64") => "darwin-arm64",
-        _ => return None,
-    };
-    // The wrapper's postinstall copies the platform binary over bin/claude.exe; the platform package holds it
-    // either way (npm may skip install scripts).
-    let native = node_clients_dir()
-        .join("node_modules/@anthropic-ai")
-        .join(format!("claude-code-{platform}"))
-        .join("claude");
-    if native.exists() {
-        return Some(native);
-    }
-    let wrapper = pkg.join("bin/claude.exe");
-    wrapper.exists().then_some(wrapper)
-}
 
 struct Env {
     home: tempfile::TempDir,
@@ -98,34 +76,6 @@ async fn setup() -> Option<(Scripted, tempfile::TempDir, Llmtap, PathBuf)> {
 /// `claude -p --output-format json` printed one result object.
 fn result_of(run: &Run) -> Value {
     serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
-}
-
-/// Steps of the exported trajectories, by trajectory id.
-fn steps_by_trajectory(tap: &Llmtap) -> std::collections::BTreeMap<String, Vec<Value>> {
-    let mut out: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
-    for s in tap.export("steps", &[]) {
-        out.entry(s["trajectory_id"].as_str().unwrap().to_owned())
-            .or_default()
-            .push(s);
-    }
-    out
-}
-
-/// The agent step that called `tool`, and the observation joined to that call.
-fn tool_call_and_result<'a>(steps: &'a [Value], tool: &str) -> (&'a Value, Value, Value) {
-    for s in steps {
-        for c in s["tool_calls"].as_array().into_iter().flatten() {
-            if c["tool_name"] == tool {
-                let obs = steps
-                    .iter()
-                    .flat_map(|o| o["observations"].as_array().cloned().unwrap_or_default())
-                    .find(|o| o["source_call_id"] == c["tool_call_id"])
-                    .unwrap_or_else(|| panic!("the {tool} call has no observation: {steps:#?}"));
-                return (s, c.clone(), obs);
-            }
-        }
-    }
-    panic!("no {tool} call in {steps:#?}")
 }
 
 /// The API key reached the upstream (the client authenticated) and is nowhere in llmtap's data directory.
@@ -238,43 +188,9 @@ async fn task_subagent_run() -> Option<(Scripted, tempfile::TempDir, Llmtap, Str
     );
     up.assert_captured(&tap);
 
-    let by_traj = steps_by_trajectory(&tap);
     eprintln!("{}", tap.cli(&["sessions", "--json"]));
-    let (main_id, main_steps) = by_traj
-        .iter()
-        .find(|(_, steps)| {
-            steps
-                .iter()
-                .any(|s| s["content"].as_str().is_some_and(|c| c.contains("Delegate saying hi")))
-        })
-        .unwrap();
-    let (spawning, call, obs) = tool_call_and_result(main_steps, delegated[0].tool.as_deref().unwrap());
-    assert!(
-        obs["content"].as_str().unwrap_or("").contains(SCRIPTED_TEXT),
-        "the sub-agent's answer is the observation: {obs:#}"
-    );
-    let (sub_id, sub_steps) = by_traj
-        .iter()
-        .find(|(id, steps)| *id != main_id && steps.iter().any(|s| s["parent_trajectory_id"] == main_id.as_str()))
-        .unwrap_or_else(|| panic!("no sub-agent trajectory under {main_id}: {by_traj:#?}"));
-    let first = &sub_steps[0];
-    assert_eq!(first["parent_tool_call_id"], call["tool_call_id"], "{first:#}");
-    assert_eq!(first["parent_step"], spawning["step_index"], "{first:#}");
-    assert!(
-        sub_steps
-            .iter()
-            .filter(|s| s["role"] == "agent")
-            .all(|s| s["call_type"] == "subagent"),
-        "{sub_steps:#?}"
-    );
-    let (_, bash, bash_obs) = tool_call_and_result(sub_steps, "Bash");
-    assert_eq!(bash["input"]["command"], "echo hi");
-    assert!(bash_obs["content"].as_str().unwrap_or("").contains("hi"));
-    let sessions = tap.sessions_json();
-    let row = sessions.iter().find(|r| r["trajectory_id"] == sub_id.as_str()).unwrap();
-    assert_eq!(row["llm_calls"], 2, "{row:#}");
+    let (main_id, sub_id) = assert_task_subagent_linked(&tap, delegated[0].tool.as_deref().unwrap());
     assert_key_not_stored(&up, &tap);
-    let (main_id, sub_id) = (main_id.clone(), sub_id.clone());
     Some((up, dir, tap, main_id, sub_id))
 }
 

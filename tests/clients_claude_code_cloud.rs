@@ -12,6 +12,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
+use common::claude::*;
 use common::clients::*;
 use common::scripted::{SCRIPTED_TEXT, Scripted};
 use common::*;
@@ -20,27 +21,6 @@ use serde_json::Value;
 const BEDROCK_MODEL: &str = "us.anthropic.claude-sonnet-4-5-20250929-v1:0";
 const VERTEX_MODEL: &str = "claude-sonnet-4-5@20250929";
 const MANTLE_MODEL: &str = "anthropic.claude-opus-4-7";
-
-/// The native binary of the pinned version; None (the test skips) on a platform the package has no build for.
-fn claude_binary() -> Option<PathBuf> {
-    let platform = match (std::env::consts::OS, std::env::consts::ARCH) {
-        ("linux", "x86_64") => "linux-x64",
-        ("linux", "aarch64") => "linux-arm64",
-        ("macos", "x86_64") => "darwin-x64",
-        ("macos", "aarch64") => "darwin-arm64",
-        _ => return None,
-    };
-    let pkg = node_package("@anthropic-ai/claude-code");
-    let native = node_clients_dir()
-        .join("node_modules/@anthropic-ai")
-        .join(format!("claude-code-{platform}"))
-        .join("claude");
-    if native.exists() {
-        return Some(native);
-    }
-    let wrapper = pkg.join("bin/claude.exe");
-    wrapper.exists().then_some(wrapper)
-}
 
 /// `claude -p` isolated from the developer's config and quiet on the network, with `cloud`'s variables.
 fn claude(bin: &PathBuf, home: &std::path::Path, project: &std::path::Path, cloud: &[(&str, String)]) -> Command {

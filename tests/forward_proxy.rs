@@ -15,6 +15,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use common::claude::*;
 use common::clients::*;
 use common::scripted::{SCRIPTED_TEXT, Scripted};
 use common::*;
@@ -166,27 +167,6 @@ async fn python_sdks_through_llmtap_run_keep_their_base_url_and_are_captured() {
     assert_eq!(files_containing(&tap.data_dir, "FWDSECRET"), Vec::<PathBuf>::new());
 }
 
-/// The native Claude Code binary of the pinned npm package (None: no build for this platform).
-fn claude_binary() -> Option<PathBuf> {
-    let platform = match (std::env::consts::OS, std::env::consts::ARCH) {
-        ("linux", "x86_64") => "linux-x64",
-        ("linux", "aarch64") => "linux-arm64",
-        ("macos", "x86_64") => "darwin-x64",
-        ("macos", "aarch64") => "darwin-arm64",
-        _ => return None,
-    };
-    let pkg = node_package("@anthropic-ai/claude-code");
-    let native = node_clients_dir()
-        .join("node_modules/@anthropic-ai")
-        .join(format!("claude-code-{platform}"))
-        .join("claude");
-    if native.exists() {
-        return Some(native);
-    }
-    let wrapper = pkg.join("bin/claude.exe");
-    wrapper.exists().then_some(wrapper)
-}
-
 const CLAUDE_KEY: &str = "sk-ant-api03-CLIENTSECRET-forward";
 
 /// `claude -p <prompt>` through `llmtap run`, isolated from the developer's config, its base URL untouched.
@@ -219,23 +199,6 @@ fn run_session(stderr: &str) -> String {
         .and_then(|s| s.split_whitespace().next())
         .unwrap_or_else(|| panic!("no session in {stderr}"))
         .to_owned()
-}
-
-/// The agent step that called `tool`, and the observation joined to that call.
-fn tool_call_and_result<'a>(steps: &'a [Value], tool: &str) -> (&'a Value, Value, Value) {
-    for s in steps {
-        for c in s["tool_calls"].as_array().into_iter().flatten() {
-            if c["tool_name"] == tool {
-                let obs = steps
-                    .iter()
-                    .flat_map(|o| o["observations"].as_array().cloned().unwrap_or_default())
-                    .find(|o| o["source_call_id"] == c["tool_call_id"])
-                    .unwrap_or_else(|| panic!("the {tool} call has no observation: {steps:#?}"));
-                return (s, c.clone(), obs);
-            }
-        }
-    }
-    panic!("no {tool} call in {steps:#?}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,46 +307,7 @@ async fn claude_code_task_subagent_through_llmtap_run_is_linked_to_its_parent_st
         "one session for the run, the sub-agent's calls included"
     );
 
-    let mut by_traj: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
-    for s in tap.export("steps", &[]) {
-        by_traj
-            .entry(s["trajectory_id"].as_str().unwrap().to_owned())
-            .or_default()
-            .push(s);
-    }
-    let (main_id, main_steps) = by_traj
-        .iter()
-        .find(|(_, steps)| {
-            steps
-                .iter()
-                .any(|s| s["content"].as_str().is_some_and(|c| c.contains("Delegate saying hi")))
-        })
-        .unwrap_or_else(|| panic!("no main trajectory: {by_traj:#?}"));
-    let (spawning, call, obs) = tool_call_and_result(main_steps, delegated[0].tool.as_deref().unwrap());
-    assert!(
-        obs["content"].as_str().unwrap_or("").contains(SCRIPTED_TEXT),
-        "the sub-agent's answer is the observation: {obs:#}"
-    );
-    let (sub_id, sub_steps) = by_traj
-        .iter()
-        .find(|(id, steps)| *id != main_id && steps.iter().any(|s| s["parent_trajectory_id"] == main_id.as_str()))
-        .unwrap_or_else(|| panic!("no sub-agent trajectory under {main_id}: {by_traj:#?}"));
-    let first = &sub_steps[0];
-    assert_eq!(first["parent_tool_call_id"], call["tool_call_id"], "{first:#}");
-    assert_eq!(first["parent_step"], spawning["step_index"], "{first:#}");
-    assert!(
-        sub_steps
-            .iter()
-            .filter(|s| s["role"] == "agent")
-            .all(|s| s["call_type"] == "subagent"),
-        "{sub_steps:#?}"
-    );
-    let (_, bash, bash_obs) = tool_call_and_result(sub_steps, "Bash");
-    assert_eq!(bash["input"]["command"], "echo hi");
-    assert!(bash_obs["content"].as_str().unwrap_or("").contains("hi"));
-    let sessions = tap.sessions_json();
-    let row = sessions.iter().find(|r| r["trajectory_id"] == sub_id.as_str()).unwrap();
-    assert_eq!(row["llm_calls"], 2, "{row:#}");
+    assert_task_subagent_linked(&tap, delegated[0].tool.as_deref().unwrap());
     assert!(
         up.received()
             .iter()
