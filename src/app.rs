@@ -89,10 +89,17 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
     let conn = crate::store::open_for_writing(&config.data_dir)?;
     // What the writer committed last, for the exporters' span building (`store::recent`), one read per sink.
     let recent = Arc::new(crate::store::RecentRecords::new(config.otlp.len()));
-    let (store_tx, store_thread) =
-        StoreWriter::spawn(conn, config.store.clone(), metrics.clone(), recent.clone()).map_err(AppError::Thread)?;
-
+    // The commit feed: what the writer committed, for the API's and the viewer's live events.
     let live = crate::api::live_channel();
+    let (store_tx, store_thread) = StoreWriter::spawn_with_feed(
+        conn,
+        config.store.clone(),
+        metrics.clone(),
+        recent.clone(),
+        Some(live.clone()),
+    )
+    .map_err(AppError::Thread)?;
+
     let pipeline_stop = CancellationToken::new();
     let (capture_tx, pipeline_thread, spill_thread) = if config.capture.enabled {
         let settings = crate::pipeline::Settings {
@@ -132,7 +139,6 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
                 store_tx.clone().sharing_capture_budget(tx.budget().clone()),
                 settings,
                 metrics.clone(),
-                Some(live.clone()),
                 CancellationToken::new(),
             )
             .map_err(AppError::Thread)?;
@@ -145,7 +151,6 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
                 store_tx.clone().sharing_capture_budget(tx.budget().clone()),
                 settings,
                 metrics.clone(),
-                Some(live.clone()),
                 pipeline_stop.clone(),
             )
             .map_err(AppError::Thread)?;
@@ -194,10 +199,19 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
             viewer: listeners.viewer.as_ref().and_then(|l| l.local_addr().ok()),
         });
     }
+    // What the viewer and the API read: the team's shared store when one is configured, else the local one.
+    let reading = crate::store::Store::open(&config.data_dir, config.store.shared.as_ref().map(|s| s.url.as_str()))?;
     if listeners.grpc.is_some() || listeners.viewer.is_some() {
         // Its own thread and runtime: no API or viewer client can take the proxy's workers or blocking pool.
-        crate::api::server::spawn(listeners, &config, live.clone(), metrics.clone(), api_stop.clone())
-            .map_err(AppError::Thread)?;
+        crate::api::server::spawn(
+            listeners,
+            &config,
+            reading.clone(),
+            live.clone(),
+            metrics.clone(),
+            api_stop.clone(),
+        )
+        .map_err(AppError::Thread)?;
     }
     tracing::info!(listen = %local, data_dir = %config.data_dir.display(), upstreams = config.upstreams.len(), "Started");
 
@@ -214,6 +228,24 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
             recent: recent.clone(),
         };
         sinks.push(Box::pin(crate::export::otlp::run(ctx, export_stop.clone())));
+    }
+    if let Some(shared) = &config.store.shared {
+        let replica = crate::store::postgres::replica_id(&config.data_dir, shared.replica.as_deref())
+            .map_err(AppError::Thread)?;
+        let store = match reading.shared() {
+            Some(store) => store,
+            None => Arc::new(crate::store::postgres::PgStore::connect(&shared.url)?),
+        };
+        tracing::info!(store = %store.describe(), %replica, "Delivering records to the shared store");
+        let ctx = crate::export::shared_store::SharedStoreContext {
+            store,
+            replica,
+            data_dir: config.data_dir.clone(),
+            retention_days: config.store.retention_days,
+            metrics: metrics.clone(),
+            recent: recent.clone(),
+        };
+        sinks.push(Box::pin(crate::export::shared_store::run(ctx, export_stop.clone())));
     }
     let mut exporters = Vec::new();
     if !sinks.is_empty() {

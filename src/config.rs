@@ -207,6 +207,8 @@ pub struct RawStore {
     pub batch_size: Option<usize>,
     pub retention_days: Option<u64>,
     pub max_traces: Option<u64>,
+    pub url: Option<String>,
+    pub replica: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -379,6 +381,18 @@ pub struct StoreConfig {
     pub retention_days: u64,
     /// 0 = unbounded.
     pub max_traces: u64,
+    /// The team's shared PostgreSQL store, when configured (`[store] url`).
+    pub shared: Option<SharedStoreConfig>,
+}
+
+/// `[store] url` and `replica`: where this replica delivers its records, and under what name.
+#[derive(Debug, Clone)]
+pub struct SharedStoreConfig {
+    /// `postgres://…`; may hold a password, so never logged as is (`store::postgres::redacted`).
+    pub url: String,
+    /// This replica's name in the shared store; None: a random id kept in the data dir (stable across
+    /// restarts).
+    pub replica: Option<String>,
 }
 
 impl Default for StoreConfig {
@@ -387,6 +401,7 @@ impl Default for StoreConfig {
             batch_size: 4096,
             retention_days: 30,
             max_traces: 0,
+            shared: None,
         }
     }
 }
@@ -605,6 +620,22 @@ impl RawConfig {
             batch_size: self.store.batch_size.unwrap_or(sd.batch_size).max(1),
             retention_days: self.store.retention_days.unwrap_or(sd.retention_days),
             max_traces: self.store.max_traces.unwrap_or(sd.max_traces),
+            shared: match self.store.url {
+                Some(url) if crate::store::postgres::is_url(&url) => Some(SharedStoreConfig {
+                    url,
+                    replica: self.store.replica.filter(|r| !r.is_empty()),
+                }),
+                Some(url) => {
+                    return Err(invalid(
+                        "store.url",
+                        format!(
+                            "{} is not a PostgreSQL URL (postgres://user@host:5432/db)",
+                            crate::store::postgres::redacted(&url)
+                        ),
+                    ));
+                }
+                None => None,
+            },
         };
         let server_defaults = ServerConfig::default();
         let secs = |v: Option<u64>, default: Duration| v.map(Duration::from_secs).unwrap_or(default);

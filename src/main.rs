@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use llmtap::cli::{Cli, Command, Selection, StoreArgs};
 use llmtap::config::{Config, RawConfig};
-use llmtap::store::{StoreReader, TraceFilter};
+use llmtap::store::{Store, TraceFilter};
 
 /// mimalloc: the proxy and the pipeline allocate many short-lived buffers; glibc malloc spent ~35% of the
 /// derivation benchmark in malloc/free, mimalloc cuts that substantially (see README, Benchmarks).
@@ -61,6 +61,17 @@ fn resolve_config(args: &StoreArgs, listen: Option<String>) -> Result<Config> {
         raw.data_dir = Some(d.clone());
     }
     Ok(raw.validate()?)
+}
+
+/// The store a CLI command reads: `--store URL` (checked now, so that a wrong URL is one clear error), else the
+/// local store of the config's data dir.
+fn open_store(args: &StoreArgs) -> Result<Store> {
+    let config = resolve_config(args, None)?;
+    let store = Store::open(&config.data_dir, args.store.as_deref())?;
+    if let Some(pg) = store.shared() {
+        pg.check()?;
+    }
+    Ok(store)
 }
 
 fn filter(select: &Selection, limit: Option<u64>) -> Result<TraceFilter> {
@@ -114,8 +125,7 @@ fn serve(store: StoreArgs, listen: Option<String>) -> Result<()> {
 
 /// `llmtap traces`: one line (or JSON object, bodies left out) per captured call.
 fn list_traces(store: StoreArgs, select: Selection, limit: Option<u64>, json: bool) -> Result<()> {
-    let config = resolve_config(&store, None)?;
-    let reader = StoreReader::open(&config.data_dir)?;
+    let store = open_store(&store)?;
     let mut out = std::io::stdout().lock();
     if !json {
         writeln!(
@@ -124,34 +134,37 @@ fn list_traces(store: StoreArgs, select: Selection, limit: Option<u64>, json: bo
             "ID", "UPSTREAM", "API", "STATUS", "OUTCOME", "MS", "MODEL", "COST", "TRAJECTORY"
         )?;
     }
-    reader.for_each_trace(&filter(&select, limit)?, |t| {
-        let line = if json {
-            let mut v = t.to_export_json();
-            if let Some(o) = v.as_object_mut() {
-                o.remove("request");
-                o.remove("response");
-            }
-            v.to_string()
-        } else {
-            format!(
-                "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9.1} {:<28} {:>10} {:<20}",
-                t.id,
-                t.upstream,
-                t.api.as_str(),
-                t.status.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
-                t.outcome.as_str(),
-                (t.timings.end - t.timings.start) as f64 / 1000.0,
-                t.model.as_deref().unwrap_or("-"),
-                match (&t.cost, &t.model) {
-                    (Some(c), _) => c.display_total(),
-                    (None, Some(_)) => "unknown".into(),
-                    (None, None) => "-".into(),
-                },
-                t.trajectory_id.as_deref().unwrap_or("-")
-            )
-        };
-        let _ = writeln!(out, "{line}");
-        Ok(())
+    let filter = filter(&select, limit)?;
+    store.read(|reader| {
+        reader.for_each_trace(&filter, &mut |t| {
+            let line = if json {
+                let mut v = t.to_export_json();
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("request");
+                    o.remove("response");
+                }
+                v.to_string()
+            } else {
+                format!(
+                    "{:<36} {:<10} {:<24} {:>6} {:<14} {:>9.1} {:<28} {:>10} {:<20}",
+                    t.id,
+                    t.upstream,
+                    t.api.as_str(),
+                    t.status.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+                    t.outcome.as_str(),
+                    (t.timings.end - t.timings.start) as f64 / 1000.0,
+                    t.model.as_deref().unwrap_or("-"),
+                    match (&t.cost, &t.model) {
+                        (Some(c), _) => c.display_total(),
+                        (None, Some(_)) => "unknown".into(),
+                        (None, None) => "-".into(),
+                    },
+                    t.trajectory_id.as_deref().unwrap_or("-")
+                )
+            };
+            let _ = writeln!(out, "{line}");
+            Ok(())
+        })
     })?;
     Ok(())
 }
@@ -173,9 +186,9 @@ fn run(cli: Cli) -> Result<()> {
             json,
             all,
         } => {
-            let config = resolve_config(&store, None)?;
-            let reader = StoreReader::open(&config.data_dir)?;
-            let rows = reader.sessions(&filter(&select, None)?)?;
+            let store = open_store(&store)?;
+            let filter = filter(&select, None)?;
+            let rows = store.read(|reader| reader.sessions(&filter))?;
             let sessions = llmtap::cli::sessions::group(rows.into_iter().map(|r| r.summary).collect());
             let mut out = std::io::stdout().lock();
             if json {
@@ -198,19 +211,18 @@ fn run(cli: Cli) -> Result<()> {
             format,
             out,
         } => {
-            let config = resolve_config(&store, None)?;
-            let reader = StoreReader::open(&config.data_dir)?;
+            let store = open_store(&store)?;
             let f = filter(&select, None)?;
             let n = match out {
                 Some(path) => {
                     let file =
                         std::fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
                     let mut w = std::io::BufWriter::new(file);
-                    llmtap::export::write_jsonl(&reader, format, &f, &mut w)?
+                    llmtap::export::write_jsonl_from(&store, format, &f, &mut w)?
                 }
                 None => {
                     let mut w = std::io::BufWriter::new(std::io::stdout().lock());
-                    llmtap::export::write_jsonl(&reader, format, &f, &mut w)?
+                    llmtap::export::write_jsonl_from(&store, format, &f, &mut w)?
                 }
             };
             tracing::debug!(records = n, "Export written");

@@ -11,7 +11,6 @@ pub mod server;
 pub mod streams;
 pub mod viewer;
 
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,7 +25,7 @@ use crate::model::cost::CostBreakdown;
 use crate::model::format::ExportFormat;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::TraceHead;
-use crate::store::{StoreReader, TraceFilter};
+use crate::store::{Store, TraceFilter};
 use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
 
 #[allow(clippy::all, clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
@@ -34,7 +33,7 @@ pub mod pb {
     tonic::include_proto!("llmtap.v1");
 }
 
-pub use crate::pipeline::live::{LiveEvent, LiveTx, live_channel};
+pub use crate::store::feed::{LiveEvent, LiveTx, live_channel};
 
 /// A cost as the API sends it: exact decimal strings.
 pub fn cost_message(c: &CostBreakdown) -> pb::Cost {
@@ -119,7 +118,8 @@ fn session_message(t: TrajectorySummary) -> pb::Session {
 }
 
 pub struct ApiService {
-    pub data_dir: PathBuf,
+    /// Where the API reads: the local store, or the team's shared store.
+    pub store: Store,
     pub live: LiveTx,
     pub limit: StreamLimit,
     pub metrics: Arc<Metrics>,
@@ -189,7 +189,7 @@ impl pb::llm_tap_server::LlmTap for ApiService {
             until_us: parse_time(&req.until, "until")?,
             limit: None,
         };
-        let dir = self.data_dir.clone();
+        let store = self.store.clone();
         let (feed, out) = self.limit.open(EXPORT_BUFFER)?;
         let runtime = tokio::runtime::Handle::current();
         let metrics = self.metrics.clone();
@@ -204,9 +204,7 @@ impl pb::llm_tap_server::LlmTap for ApiService {
             };
             // The store reader reads in pages and holds no read transaction while the writer waits for the
             // client, so a slow client delays only its own export.
-            let result = StoreReader::open(&dir)
-                .map_err(crate::export::ExportError::from)
-                .and_then(|reader| crate::export::write_jsonl(&reader, format, &filter, &mut writer));
+            let result = crate::export::write_jsonl_from(&store, format, &filter, &mut writer);
             match (result, writer.stopped) {
                 (Ok(_), _) => {
                     errors.success();
@@ -307,14 +305,15 @@ impl pb::llm_tap_server::LlmTap for ApiService {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let req = request.into_inner();
-        let dir = self.data_dir.clone();
+        let store = self.store.clone();
         let rows = self
             .blocking(move || {
-                let reader = StoreReader::open(&dir)?;
-                reader.sessions(&TraceFilter {
-                    session: (!req.session.is_empty()).then_some(req.session),
-                    limit: (req.limit > 0).then_some(req.limit as u64),
-                    ..TraceFilter::default()
+                store.read(|reader| {
+                    reader.sessions(&TraceFilter {
+                        session: (!req.session.is_empty()).then_some(req.session),
+                        limit: (req.limit > 0).then_some(req.limit as u64),
+                        ..TraceFilter::default()
+                    })
                 })
             })
             .await?;
@@ -331,12 +330,14 @@ impl pb::llm_tap_server::LlmTap for ApiService {
         if req.session.is_empty() {
             return Err(Status::invalid_argument("session is required"));
         }
-        let dir = self.data_dir.clone();
+        let store = self.store.clone();
         let steps = self
             .blocking(move || {
-                StoreReader::open(&dir)?.steps(&TraceFilter {
-                    session: Some(req.session),
-                    ..TraceFilter::default()
+                store.read(|reader| {
+                    reader.steps(&TraceFilter {
+                        session: Some(req.session),
+                        ..TraceFilter::default()
+                    })
                 })
             })
             .await?;

@@ -28,6 +28,7 @@ pub struct Listeners {
 pub fn spawn(
     listeners: Listeners,
     config: &Config,
+    store: crate::store::Store,
     live: LiveTx,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
@@ -35,9 +36,14 @@ pub fn spawn(
     for l in [&listeners.grpc, &listeners.viewer].into_iter().flatten() {
         l.set_nonblocking(true)?;
     }
-    let viewer = Arc::new(super::viewer::Viewer::new(config, live.clone(), metrics.clone()));
+    let viewer = Arc::new(super::viewer::Viewer::new(
+        config,
+        store.clone(),
+        live.clone(),
+        metrics.clone(),
+    ));
     let service = ApiService {
-        data_dir: config.data_dir.clone(),
+        store,
         live,
         limit: StreamLimit::new(config.api.max_streams, config.api.stall_timeout, metrics.clone()),
         metrics: metrics.clone(),

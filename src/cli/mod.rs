@@ -27,6 +27,10 @@ pub struct StoreArgs {
     /// Directory holding the store (default: $LLMTAP_DATA_DIR, else $XDG_DATA_HOME/llmtap, else ~/.local/share/llmtap).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Read the team's shared store instead of the local one: a PostgreSQL URL
+    /// (postgres://user:password@host:5432/db). Ignored by `serve` (which takes `[store] url`).
+    #[arg(long, env = "LLMTAP_STORE", value_name = "URL")]
+    pub store: Option<String>,
 }
 
 #[derive(Debug, Args, Clone, Default)]

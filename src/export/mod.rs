@@ -3,12 +3,13 @@
 
 pub mod formats;
 pub mod otlp;
+pub mod shared_store;
 pub mod sink;
 
 use std::io::Write;
 
 use crate::model::format::ExportFormat;
-use crate::store::{StoreError, StoreReader, TraceFilter};
+use crate::store::{Query, Store, StoreError, TraceFilter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
@@ -52,7 +53,7 @@ impl Lines<'_> {
 /// Write every selected record as one JSON line (TurnWise: one `{"conversations": [...]}` document, written
 /// one conversation at a time). Returns how many records were written.
 pub fn write_jsonl(
-    reader: &StoreReader,
+    reader: &dyn Query,
     format: ExportFormat,
     filter: &TraceFilter,
     out: &mut dyn Write,
@@ -63,11 +64,11 @@ pub fn write_jsonl(
         error: None,
     };
     match format {
-        ExportFormat::ProviderTraces => reader.for_each_trace(filter, |t| {
+        ExportFormat::ProviderTraces => reader.for_each_trace(filter, &mut |t| {
             lines.line(&t.to_export_json());
             Ok(())
         })?,
-        ExportFormat::Steps => reader.for_each_step(filter, |s| {
+        ExportFormat::Steps => reader.for_each_step(filter, &mut |s| {
             lines.line(&serde_json::to_value(&s).unwrap_or_default());
             Ok(())
         })?,
@@ -80,10 +81,25 @@ pub fn write_jsonl(
     Ok(lines.written)
 }
 
+/// [`write_jsonl`] with a reader of `store` (blocking).
+pub fn write_jsonl_from(
+    store: &Store,
+    format: ExportFormat,
+    filter: &TraceFilter,
+    out: &mut dyn Write,
+) -> Result<u64, ExportError> {
+    let mut result = None;
+    store.read(|reader| {
+        result = Some(write_jsonl(reader, format, filter, out));
+        Ok(())
+    })?;
+    result.unwrap_or(Ok(0))
+}
+
 /// Formats built per trajectory. ATIF and TurnWise embed sub-agents in their parent; the others give each
 /// trajectory its own records.
 fn write_trajectories(
-    reader: &StoreReader,
+    reader: &dyn Query,
     format: ExportFormat,
     filter: &TraceFilter,
     lines: &mut Lines<'_>,
@@ -177,7 +193,7 @@ fn child_summaries(all: &[crate::model::step::TrajectorySummary], id: &str) -> V
 
 /// A trajectory's steps and, when `with_children`, the sub-agent trajectories it started (recursively).
 fn load_trajectory(
-    reader: &StoreReader,
+    reader: &dyn Query,
     summary: crate::model::step::TrajectorySummary,
     all: &[crate::model::step::TrajectorySummary],
     with_children: bool,

@@ -23,7 +23,7 @@ impl Record {
 }
 
 /// What an export-log entry stands for; its `ref` names the record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExportKind {
     /// An LLM call (ref = trace id), logged when its agent step is first written.
     Chat,
@@ -31,6 +31,11 @@ pub enum ExportKind {
     Tools,
     /// A trajectory closed (ref = trajectory id).
     Agent,
+    /// Entries of the ship log (`ship_log`, written only when a shared store is configured): a record was
+    /// written, ref = its id. Read by the sink that delivers records to the shared store.
+    Trace,
+    Step,
+    Trajectory,
 }
 
 impl ExportKind {
@@ -39,6 +44,9 @@ impl ExportKind {
             ExportKind::Chat => "chat",
             ExportKind::Tools => "tools",
             ExportKind::Agent => "agent",
+            ExportKind::Trace => "trace",
+            ExportKind::Step => "step",
+            ExportKind::Trajectory => "trajectory",
         }
     }
 
@@ -47,6 +55,9 @@ impl ExportKind {
             "chat" => Some(ExportKind::Chat),
             "tools" => Some(ExportKind::Tools),
             "agent" => Some(ExportKind::Agent),
+            "trace" => Some(ExportKind::Trace),
+            "step" => Some(ExportKind::Step),
+            "trajectory" => Some(ExportKind::Trajectory),
             _ => None,
         }
     }

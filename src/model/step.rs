@@ -266,6 +266,67 @@ impl TrajectorySummary {
         }
     }
 
+    /// Add the part of this trajectory another replica saw (the shared store keeps one part per replica): the
+    /// calls each replica derived are disjoint, so counts, tokens and cost add up; the steps seen are the most
+    /// either saw (step indexes agree across replicas); the span is the union; links and purpose are taken from
+    /// whichever part has them (only the replica that saw a sub-agent's parent call links it).
+    pub fn absorb(&mut self, other: TrajectorySummary) {
+        let earlier = other.started_at < self.started_at;
+        self.session_id = match (self.session_id.take(), other.session_id) {
+            // A part that names a session other than the trajectory itself knows more (a derived session).
+            (Some(mine), Some(theirs)) if mine == self.trajectory_id && theirs != self.trajectory_id => Some(theirs),
+            (mine, theirs) => mine.or(theirs),
+        };
+        self.agent = self.agent.take().or(other.agent);
+        for m in other.models {
+            if !self.models.contains(&m) {
+                self.models.push(m);
+            }
+        }
+        for c in other.call_types {
+            if !self.call_types.contains(&c) {
+                self.call_types.push(c);
+            }
+        }
+        self.steps = self.steps.max(other.steps);
+        self.llm_calls += other.llm_calls;
+        self.purpose = if earlier {
+            other.purpose.or(self.purpose)
+        } else {
+            self.purpose.or(other.purpose)
+        };
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+        self.cost_usd = match (self.cost_usd, other.cost_usd) {
+            (Some(a), Some(b)) => a.checked_add(&b).or(Some(a)),
+            (a, b) => a.or(b),
+        };
+        self.unpriced_calls += other.unpriced_calls;
+        if earlier {
+            self.started_at = other.started_at;
+        }
+        if other.ended_at > self.ended_at {
+            self.ended_at = other.ended_at;
+            if !other.tool_definitions.is_empty() {
+                self.tool_definitions = other.tool_definitions;
+            }
+        } else if self.tool_definitions.is_empty() {
+            self.tool_definitions = other.tool_definitions;
+        }
+        if self.parent_trajectory_id.is_none() {
+            self.parent_trajectory_id = other.parent_trajectory_id;
+            self.parent_step = other.parent_step;
+            self.parent_tool_call_id = other.parent_tool_call_id;
+        }
+        self.continues = self.continues.take().or(other.continues);
+        for (hash, text) in other.system_prompts {
+            self.system_prompts.entry(hash).or_insert(text);
+        }
+        self.closed = self.closed && other.closed;
+    }
+
     /// A copy without `system_prompts` and `tool_definitions` (an update that leaves them as they are).
     pub fn without_heavy_parts(&self) -> TrajectorySummary {
         TrajectorySummary {

@@ -6,7 +6,6 @@
 //! wake-up of the writer per pass, not one per record). It ends when the capture queue closes (every
 //! `CaptureTx` dropped, i.e. after the proxy drained), flushing the deriver's open trajectories first.
 
-pub mod live;
 pub mod pricing;
 pub mod process;
 pub mod secrets;
@@ -50,7 +49,6 @@ pub fn spawn(
     store: StoreTx,
     settings: Settings,
     metrics: Arc<Metrics>,
-    live: Option<live::LiveTx>,
     stop: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -106,7 +104,7 @@ pub fn spawn(
                             metrics.processed.inc();
                             records.extend(deriver.observe(processed.trace, processed.call));
                         }
-                        emit(&store, &metrics, live.as_ref(), records);
+                        emit(&store, &metrics, records);
                     }
                     // Shutdown: senders may outlive the grace period (a hung upstream on an HTTP/2 stream whose
                     // connection is gone), so the queue's being empty ends the thread, not its closing.
@@ -118,11 +116,11 @@ pub fn spawn(
                 // Idle closing walks every open trajectory: once a second, not once per call.
                 if last_sweep.elapsed() >= tick {
                     last_sweep = std::time::Instant::now();
-                    emit(&store, &metrics, live.as_ref(), deriver.close_idle(now));
+                    emit(&store, &metrics, deriver.close_idle(now));
                     metrics.derive_open_trajectories.set(deriver.open_trajectories() as u64);
                 }
             }
-            emit(&store, &metrics, live.as_ref(), deriver.close_all());
+            emit(&store, &metrics, deriver.close_all());
             metrics.derive_open_trajectories.set(0);
         })
 }
@@ -188,19 +186,10 @@ impl Pass {
     }
 }
 
-fn emit(store: &StoreTx, metrics: &Metrics, live: Option<&live::LiveTx>, records: Vec<Record>) {
-    let live = live.filter(|l| l.receiver_count() > 0);
-    for r in &records {
-        if let Record::Step(s) = r {
-            metrics.steps_derived.inc();
-            if let Some(l) = live {
-                let _ = l.send(live::LiveEvent::Step(Arc::new((**s).clone())));
-            }
-        }
-        if let (Record::Trace(t), Some(l)) = (r, live) {
-            let _ = l.send(live::LiveEvent::Trace(Arc::new(t.head())));
-        }
-    }
+/// Hand a pass's records to the store writer (which publishes them on the commit feed once committed).
+fn emit(store: &StoreTx, metrics: &Metrics, records: Vec<Record>) {
+    let steps = records.iter().filter(|r| matches!(r, Record::Step(_))).count();
+    metrics.steps_derived.add(steps as u64);
     store.send(records);
 }
 

@@ -10,9 +10,12 @@ mod checkpoint;
 pub mod chunks;
 mod coalesce;
 pub mod codec;
+pub mod feed;
 mod in_flight;
+pub mod postgres;
 mod private;
 mod quarantine;
+pub mod query;
 mod read;
 pub mod recent;
 mod schema;
@@ -20,7 +23,8 @@ mod sql;
 mod write;
 
 pub use browse::{CallHead, SessionHead, SessionQuery};
-pub use read::{Cursor, SessionRow, StoreReader, TraceFilter};
+pub use query::{Query, Store};
+pub use read::{Cursor, LogTable, SessionRow, StoreReader, TraceFilter};
 pub use recent::RecentRecords;
 pub use write::{StoreTx, StoreWriter};
 
@@ -63,6 +67,9 @@ pub enum StoreError {
     NotWritable { path: PathBuf, reason: String },
     #[error("cannot start the store's checkpoint thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// The shared PostgreSQL store (named without its password) failed or refused.
+    #[error("shared store {store}: {message}")]
+    Shared { store: String, message: String },
     #[error("cannot make store file {path} private: {source}")]
     Permissions {
         path: PathBuf,

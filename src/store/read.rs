@@ -101,6 +101,24 @@ enum Rows {
     Steps,
 }
 
+/// The logs a sink can read behind its cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogTable {
+    /// What span and file sinks export (calls, tool results, closed trajectories).
+    Export,
+    /// Every record written, when a shared store is configured (`store::postgres`).
+    Ship,
+}
+
+impl LogTable {
+    fn name(self) -> &'static str {
+        match self {
+            LogTable::Export => "export_log",
+            LogTable::Ship => "ship_log",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SessionRow {
     pub summary: TrajectorySummary,
@@ -453,9 +471,15 @@ impl StoreReader {
 
     /// Export log entries after `after`, oldest first, at most `limit` rows read.
     pub fn export_log(&self, after: ExportSeq, limit: usize) -> Result<Vec<ExportEntry>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT seq, kind, ref FROM export_log WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
+        self.log_entries(LogTable::Export, after, limit)
+    }
+
+    /// Entries of `table` after `after`, oldest first, at most `limit` rows read.
+    pub fn log_entries(&self, table: LogTable, after: ExportSeq, limit: usize) -> Result<Vec<ExportEntry>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT seq, kind, ref FROM {} WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            table.name()
+        ))?;
         let rows = stmt.query_map(rusqlite::params![after.0, limit as i64], |r| {
             Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
         })?;
@@ -485,11 +509,33 @@ impl StoreReader {
     }
 
     pub fn export_head(&self) -> Result<ExportSeq, StoreError> {
+        self.log_head(LogTable::Export)
+    }
+
+    /// The last entry's position in `table` (0 when empty).
+    pub fn log_head(&self, table: LogTable) -> Result<ExportSeq, StoreError> {
         Ok(ExportSeq(
             self.conn
-                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM export_log")?
+                .prepare_cached(&format!("SELECT COALESCE(MAX(seq), 0) FROM {}", table.name()))?
                 .query_row([], |r| r.get(0))?,
         ))
+    }
+
+    /// Any step by id, whatever its role (see `step` for agent steps): what the shared store receives.
+    pub fn step_by_id(&self, step_id: &str) -> Result<Option<Step>, StoreError> {
+        let Some(trajectory) = trajectory_of_step(step_id) else {
+            return Ok(None);
+        };
+        let sql = format!(
+            "SELECT step_id, body FROM steps s WHERE {} AND s.step_id = ?2",
+            rows_of("s", "?1")
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let mut rows = stmt.query([trajectory, step_id])?;
+        match rows.next()? {
+            Some(row) => Ok(Some(step_from_row(row)?)),
+            None => Ok(None),
+        }
     }
 
     pub fn count_traces(&self) -> Result<u64, StoreError> {

@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 10;
+pub const VERSION: i64 = 11;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -254,6 +254,17 @@ fn migrate_v10(conn: &Connection) -> Result<(), StoreError> {
     result
 }
 
+/// v11: the ship log, every record the writer commits (kind `trace`, `step` or `trajectory`, ref = its id), kept
+/// only when a shared store is configured: the `shared-store` sink delivers what it names to PostgreSQL behind
+/// its cursor (`store::postgres`), and the writer trims what every cursor has passed.
+const V11: &str = r#"
+CREATE TABLE IF NOT EXISTS ship_log (
+    seq   INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind  TEXT NOT NULL,
+    ref   TEXT NOT NULL
+);
+"#;
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -301,6 +312,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 10 {
         migrate_v10(conn)?;
+    }
+    if version < 11 {
+        conn.execute_batch(V11)?;
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;

@@ -21,6 +21,7 @@ use super::checkpoint::{CHECKPOINT_PAGES, Checkpointer};
 use super::chunks::{ChunkCache, store_request};
 use super::coalesce::{Slot, plan};
 use super::codec::compress;
+use super::feed::{LiveEvent, LiveTx};
 use super::in_flight::{Held, InFlight};
 use super::recent::RecentRecords;
 use super::{Record, StoreError};
@@ -88,13 +89,24 @@ impl StoreWriter {
         metrics: Arc<Metrics>,
         recent: Arc<RecentRecords>,
     ) -> std::io::Result<(StoreTx, JoinHandle<()>)> {
+        Self::spawn_with_feed(conn, config, metrics, recent, None)
+    }
+
+    /// [`spawn`](Self::spawn), publishing every committed step and call on `feed` (see `store::feed`).
+    pub fn spawn_with_feed(
+        conn: Connection,
+        config: StoreConfig,
+        metrics: Arc<Metrics>,
+        recent: Arc<RecentRecords>,
+        feed: Option<LiveTx>,
+    ) -> std::io::Result<(StoreTx, JoinHandle<()>)> {
         let (tx, rx) = sync_channel(QUEUED_BATCHES);
         let m = metrics.clone();
         let sender = Arc::new(());
         let senders = Arc::downgrade(&sender);
         let handle = std::thread::Builder::new()
             .name("llmtap-store".into())
-            .spawn(move || run(conn, rx, config, m, recent, senders))?;
+            .spawn(move || run(conn, rx, config, m, recent, feed, senders))?;
         let in_flight = InFlight::new(IN_FLIGHT_BYTES);
         Ok((
             StoreTx {
@@ -127,6 +139,11 @@ fn retain_now(
     recent: &RecentRecords,
 ) {
     *last = Instant::now();
+    if config.shared.is_some()
+        && let Err(e) = trim_ship_log(conn)
+    {
+        metrics.store_error(&e);
+    }
     match super::read::apply_retention(conn, config, metrics) {
         // Deleted chunks may be remembered by id, deleted records by the exporters' cache.
         Ok(deleted) if deleted > 0 => {
@@ -136,6 +153,15 @@ fn retain_now(
         Ok(_) => {}
         Err(e) => metrics.store_error(&e),
     }
+}
+
+/// Ship-log entries the shared-store sink has delivered (its cursor passed them) are not needed again.
+fn trim_ship_log(conn: &Connection) -> Result<(), StoreError> {
+    conn.execute(
+        "DELETE FROM ship_log WHERE seq <= (SELECT seq FROM cursors WHERE sink = ?1)",
+        [crate::store::postgres::SHIP_CURSOR],
+    )?;
+    Ok(())
 }
 
 /// How long the writer waits for more batches before committing. A commit writes every page it touches to the
@@ -152,6 +178,7 @@ fn run(
     config: StoreConfig,
     metrics: Arc<Metrics>,
     recent: Arc<RecentRecords>,
+    feed: Option<LiveTx>,
     senders: Weak<()>,
 ) {
     crate::background::run_in_background();
@@ -223,6 +250,7 @@ fn run(
             senders: &senders,
             closing_since: &mut closing_since,
             quarantined: &mut quarantined,
+            ship: config.shared.is_some(),
         };
         let mut lost = Vec::new();
         committer.commit(&batch, 0, &mut lost);
@@ -231,6 +259,9 @@ fn run(
             metrics.stored.add(stored as u64);
             metrics.store_ok();
             publish_export_head(&conn, &metrics);
+        }
+        if let Some(feed) = feed.as_ref().filter(|f| f.receiver_count() > 0) {
+            publish(feed, &batch, &lost);
         }
         let mut i = 0;
         recent.remember(batch.drain(..).filter(|_| {
@@ -252,6 +283,23 @@ fn run(
         c.stop(&mut conn);
     }
     let _ = conn.pragma_update(None, "wal_checkpoint", "PASSIVE");
+}
+
+/// Tell the commit feed's listeners about every committed step and call of `batch` (`lost`: the indexes of
+/// records that were not stored, in order).
+fn publish(feed: &LiveTx, batch: &[Record], lost: &[usize]) {
+    for (i, record) in batch.iter().enumerate() {
+        if lost.binary_search(&i).is_ok() {
+            continue;
+        }
+        let event = match record {
+            Record::Step(s) => LiveEvent::Step(Arc::new((**s).clone())),
+            Record::Trace(t) => LiveEvent::Trace(Arc::new(t.head())),
+            Record::Trajectory(_) => continue,
+        };
+        // No listener left is not an error: events are for whoever is listening now.
+        let _ = feed.send(event);
+    }
 }
 
 /// First wait after a transient write error; each further failure doubles it, up to [`RETRY_MAX`].
@@ -284,6 +332,8 @@ struct Committer<'a> {
     /// When a retry first found every sender gone (kept across groups: shutdown's allowance is for all of
     /// them together).
     closing_since: &'a mut Option<Instant>,
+    /// Log every written record in `ship_log` (a shared store is configured).
+    ship: bool,
 }
 
 /// How [`Committer::write_retrying`] ended.
@@ -347,7 +397,7 @@ impl Committer<'_> {
     fn write_retrying(&mut self, batch: &[Record]) -> Written {
         let mut wait = RETRY_FIRST;
         loop {
-            let e = match write_batch(self.conn, batch, self.chunks) {
+            let e = match write_batch_logged(self.conn, batch, self.chunks, self.ship) {
                 Ok(()) => return Written::Committed,
                 Err(e) if is_transient(&e) => e,
                 Err(e) => return Written::Refused(e),
@@ -400,7 +450,18 @@ fn tune_writer(conn: &Connection) -> Result<(), StoreError> {
 }
 
 /// One transaction for the batch. `chunks` learns the batch's new chunk ids only once it commits.
+#[cfg(test)]
 pub(crate) fn write_batch(conn: &mut Connection, batch: &[Record], chunks: &mut ChunkCache) -> Result<(), StoreError> {
+    write_batch_logged(conn, batch, chunks, false)
+}
+
+/// [`write_batch`], also logging each record written in `ship_log` when `ship` (once per record and batch).
+fn write_batch_logged(
+    conn: &mut Connection,
+    batch: &[Record],
+    chunks: &mut ChunkCache,
+    ship: bool,
+) -> Result<(), StoreError> {
     let result = (|| {
         let tx = conn.transaction()?;
         let slots = plan(batch);
@@ -436,6 +497,9 @@ pub(crate) fn write_batch(conn: &mut Connection, batch: &[Record], chunks: &mut 
                 (Record::Trajectory(t), _) => log_trajectory(&tx, t)?,
             }
         }
+        if ship {
+            log_shipping(&tx, batch)?;
+        }
         chunks.flush_refs(&tx)?;
         tx.commit()?;
         Ok(())
@@ -445,6 +509,24 @@ pub(crate) fn write_batch(conn: &mut Connection, batch: &[Record], chunks: &mut 
         Err(_) => chunks.rolled_back(),
     }
     result
+}
+
+/// One `ship_log` entry per record of the batch (a record sent in several versions is read back once, as the
+/// batch left it).
+fn log_shipping(tx: &rusqlite::Transaction<'_>, batch: &[Record]) -> Result<(), StoreError> {
+    let mut seen: rustc_hash::FxHashSet<(ExportKind, &str)> = Default::default();
+    let mut insert = tx.prepare_cached("INSERT INTO ship_log (kind, ref) VALUES (?1, ?2)")?;
+    for record in batch {
+        let entry = match record {
+            Record::Trace(t) => (ExportKind::Trace, t.id.as_str()),
+            Record::Step(s) => (ExportKind::Step, s.step_id.as_str()),
+            Record::Trajectory(t) => (ExportKind::Trajectory, t.trajectory_id.as_str()),
+        };
+        if seen.insert(entry) {
+            insert.execute(params![entry.0.as_str(), entry.1])?;
+        }
+    }
+    Ok(())
 }
 
 /// Trajectory id → its number (`trajectories.seq`), for one transaction.

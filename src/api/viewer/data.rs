@@ -14,7 +14,7 @@ use crate::model::step::{Purpose, Step, TrajectorySummary};
 use crate::model::trace::{ProviderTrace, rfc3339};
 use crate::model::usage::Usage;
 use crate::proxy::redact::Redactor;
-use crate::store::{CallHead, SessionQuery, StoreError, StoreReader};
+use crate::store::{CallHead, Query, SessionQuery, StoreError};
 
 /// What the data functions need besides the store.
 pub struct Context {
@@ -26,7 +26,7 @@ pub struct Context {
 
 /// One page of sessions (newest first), one row per session id, with totals over every trajectory of the
 /// session: main runs, sub-agents, continuations, side calls, titles, warmups and quota probes.
-pub fn list_sessions(reader: &StoreReader, query: &SessionQuery) -> Result<Value, StoreError> {
+pub fn list_sessions(reader: &dyn Query, query: &SessionQuery) -> Result<Value, StoreError> {
     let heads = reader.session_page(query)?;
     let mut rows = Vec::with_capacity(heads.len());
     for head in &heads {
@@ -60,7 +60,7 @@ pub fn list_sessions(reader: &StoreReader, query: &SessionQuery) -> Result<Value
 
 /// A session: every trajectory with its session id, arranged as a tree (see [`arrange`]), each with its totals.
 /// `id` is a session id or the id of one of its trajectories (then `focus` names it, for the page to select).
-pub fn session(reader: &StoreReader, id: &str) -> Result<Option<Value>, StoreError> {
+pub fn session(reader: &dyn Query, id: &str) -> Result<Option<Value>, StoreError> {
     let Some(session) = reader.session_of(id)? else {
         return Ok(None);
     };
@@ -232,7 +232,7 @@ impl TreeWalk<'_> {
 }
 
 /// A page of a trajectory's steps after `after`, each agent step with its cost.
-pub fn steps(reader: &StoreReader, trajectory: &str, after: Option<u32>, limit: u32) -> Result<Value, StoreError> {
+pub fn steps(reader: &dyn Query, trajectory: &str, after: Option<u32>, limit: u32) -> Result<Value, StoreError> {
     let page = reader.steps_page(trajectory, after, limit)?;
     let next = (page.len() as u32 >= limit)
         .then(|| page.last().map(|s| s.step_index))
@@ -263,7 +263,7 @@ fn head_cost(c: &CallHead) -> Value {
 
 /// One call: what is new in its request compared with the trajectory's previous call, its raw bodies, headers
 /// without secrets, timings, usage, cost, a curl command and the session's export links.
-pub fn call(reader: &StoreReader, ctx: &Context, trace_id: &str) -> Result<Option<Value>, StoreError> {
+pub fn call(reader: &dyn Query, ctx: &Context, trace_id: &str) -> Result<Option<Value>, StoreError> {
     let Some(trace) = reader.trace(trace_id)? else {
         return Ok(None);
     };

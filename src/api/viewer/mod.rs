@@ -15,7 +15,6 @@ pub mod data;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
@@ -33,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{LiveEvent, LiveTx};
 use crate::model::format::ExportFormat;
-use crate::store::{SessionQuery, StoreReader, TraceFilter};
+use crate::store::{Query, SessionQuery, Store, TraceFilter};
 use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
@@ -56,7 +55,7 @@ const EVENT_STALL: Duration = Duration::from_secs(30);
 type Body = BoxBody<Bytes, std::io::Error>;
 
 pub struct Viewer {
-    data_dir: PathBuf,
+    store: Store,
     live: LiveTx,
     ctx: Arc<data::Context>,
     token: Option<Credentials>,
@@ -66,9 +65,9 @@ pub struct Viewer {
 }
 
 impl Viewer {
-    pub fn new(config: &crate::config::Config, live: LiveTx, metrics: Arc<Metrics>) -> Viewer {
+    pub fn new(config: &crate::config::Config, store: Store, live: LiveTx, metrics: Arc<Metrics>) -> Viewer {
         Viewer {
-            data_dir: config.data_dir.clone(),
+            store,
             live,
             ctx: Arc::new(data::Context {
                 upstreams: config
@@ -238,15 +237,11 @@ impl Viewer {
     /// Run a store read on the blocking pool; None → 404.
     async fn read(
         &self,
-        f: impl FnOnce(&StoreReader, &data::Context) -> Result<Option<Value>, crate::store::StoreError> + Send + 'static,
+        f: impl FnOnce(&dyn Query, &data::Context) -> Result<Option<Value>, crate::store::StoreError> + Send + 'static,
     ) -> Response<Body> {
-        let dir = self.data_dir.clone();
+        let store = self.store.clone();
         let ctx = self.ctx.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            let reader = StoreReader::open(&dir)?;
-            f(&reader, &ctx)
-        })
-        .await;
+        let result = tokio::task::spawn_blocking(move || store.read(|reader| f(reader, &ctx))).await;
         match result {
             Ok(Ok(Some(v))) => {
                 self.errors.success();
@@ -277,7 +272,7 @@ impl Viewer {
             return text(StatusCode::BAD_REQUEST, "session is required");
         };
         let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
-        let dir = self.data_dir.clone();
+        let store = self.store.clone();
         let filter = TraceFilter {
             session: Some(session.clone()),
             ..TraceFilter::default()
@@ -287,9 +282,7 @@ impl Viewer {
                 tx: tx.clone(),
                 buf: Vec::new(),
             };
-            let result = StoreReader::open(&dir)
-                .map_err(crate::export::ExportError::from)
-                .and_then(|reader| crate::export::write_jsonl(&reader, fmt, &filter, &mut out));
+            let result = crate::export::write_jsonl_from(&store, fmt, &filter, &mut out);
             let _ = std::io::Write::flush(&mut out);
             if let Err(e) = result {
                 let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));

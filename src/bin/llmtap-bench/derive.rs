@@ -194,8 +194,7 @@ impl InProcess {
             prices: llmtap::cost::CostTable::embedded().ok()?,
             spill_limit: None,
         };
-        let pipeline =
-            llmtap::pipeline::spawn(rx, store_tx, settings, metrics.clone(), None, Default::default()).ok()?;
+        let pipeline = llmtap::pipeline::spawn(rx, store_tx, settings, metrics.clone(), Default::default()).ok()?;
         Some(InProcess {
             tx,
             pipeline,

@@ -150,6 +150,7 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
             max: ctx.config.retry_max,
         },
         recent: ctx.recent,
+        log: crate::store::LogTable::Export,
     };
     let sink = OtlpSink {
         config: ctx.config,

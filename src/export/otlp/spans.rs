@@ -309,6 +309,8 @@ impl<'a> SpanBuilder<'a> {
                 Some(t) => Ok(vec![self.agent_span(&t)?]),
                 None => Ok(Vec::new()),
             },
+            // Ship-log entries never reach a span sink (it reads the export log).
+            ExportKind::Trace | ExportKind::Step | ExportKind::Trajectory => Ok(Vec::new()),
         }
     }
 

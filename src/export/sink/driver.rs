@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::retry::RetryPolicy;
 use super::{Accepted, SendError, Sink};
 use crate::model::record::ExportSeq;
-use crate::store::{Cursor, RecentRecords, StoreError, StoreReader};
+use crate::store::{Cursor, LogTable, RecentRecords, StoreError, StoreReader};
 use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics, SinkStats};
 
 /// After shutdown is requested, how long a sink keeps draining what is already stored.
@@ -38,6 +38,8 @@ pub struct DriverConfig {
     pub retry: RetryPolicy,
     /// The writer's last committed records, which the sink's reader consults before the store.
     pub recent: Arc<RecentRecords>,
+    /// The log the sink follows: the export log (span and file sinks), or the ship log (the shared store).
+    pub log: LogTable,
 }
 
 /// The sink's own store connections, opened once and kept across batches: opening SQLite connections per batch
@@ -227,13 +229,14 @@ impl<S: Sink> Driver<S> {
     async fn read_next(&mut self) -> Option<Result<Option<Read<S::Batch>>, StoreError>> {
         let sink = self.sink.clone();
         let batch_size = self.cfg.batch_size;
+        let log = self.cfg.log;
         let stats = self.stats.clone();
         self.with_store(move |h| {
             let after = h.cursor.get()?;
             // The sink's lag is the writer's head minus this, computed when `/metrics` is read (`SinkStats`).
             stats.set_cursor(after.0);
             h.reader.in_snapshot(|reader| {
-                let entries = reader.export_log(after, batch_size)?;
+                let entries = reader.log_entries(log, after, batch_size)?;
                 let Some(last_seq) = entries.last().map(|e| e.seq) else {
                     return Ok(None);
                 };
