@@ -5,7 +5,8 @@
 #   (a real OpenTelemetry collector, for tests/scale_out.rs), exactly as locked with hashes in
 #   tests/sdk/requirements.txt (its input and how to regenerate it: tests/sdk/requirements.in);
 # - from Debian: nginx (tests/scale_out.rs), Chromium (tests/viewer.rs), script(1) (tests/cost_live.rs runs
-#   `llmtap tail` on a pseudo-terminal), Node.js and npm;
+#   `llmtap tail` on a pseudo-terminal), PostgreSQL (a real server per test process, tests/common/postgres.rs),
+#   Node.js and npm;
 # - from npm, exactly as locked: the agent clients in tests/clients (Claude Code, the Vercel AI SDK) and
 #   playwright-core in tests/browser.
 set -euo pipefail
@@ -17,6 +18,7 @@ command -v npm >/dev/null || missing+=(nodejs npm)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
 command -v script >/dev/null || missing+=(bsdutils)
 command -v chromium >/dev/null || missing+=(chromium)
+command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
   as_root=""
   if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then as_root="sudo"; fi
