@@ -461,3 +461,215 @@ fn a_url_that_is_not_postgres_or_cannot_be_reached_is_one_clear_error() {
     assert!(err.contains("store.url"), "{err}");
     assert!(!err.contains("secret"), "the password is never printed: {err}");
 }
+
+/// nginx on a free port balancing round-robin (its default: no session key) over `replicas`, in `dir`.
+struct RoundRobin {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl RoundRobin {
+    fn start(replicas: &[std::net::SocketAddr], dir: &Path) -> RoundRobin {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let servers: String = replicas.iter().map(|a| format!("    server {a};\n")).collect();
+        let d = dir.display();
+        let conf = format!(
+            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+             upstream llmtap {{\n{servers}  }}\n\
+             server {{\n  listen 127.0.0.1:{port};\n  client_max_body_size 100m;\n\
+             location / {{ proxy_pass http://llmtap; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
+             proxy_buffering off; proxy_request_buffering off; proxy_read_timeout 300s; }}\n  }}\n}}\n"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+        let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .unwrap_or("nginx");
+        let child = std::process::Command::new(nginx)
+            .arg("-p")
+            .arg(dir)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .spawn()
+            .unwrap();
+        wait_until("nginx to listen", 20, || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        RoundRobin { child, port }
+    }
+
+    /// Which replica (address) answered each request, in order.
+    fn replicas_used(dir: &Path) -> Vec<String> {
+        std::fs::read_to_string(dir.join("access.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Drop for RoundRobin {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// The session in a viewer's list holding trajectory `id` (the list names sessions; a session's page names its
+/// trajectories).
+async fn viewer_session_of(tap: &Llmtap, id: &str) -> Value {
+    let base = format!("http://{}", tap.viewer_addr.unwrap());
+    let client = client();
+    get_json(&client, &format!("{base}/api/sessions/{}", urlencode(id))).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_session_balanced_round_robin_over_two_replicas_is_one_session_with_its_links() {
+    let _serial = SERIAL.lock().await;
+    let Some(bin) = common::claude::claude_binary() else {
+        eprintln!("SKIP: no native Claude Code build for this platform");
+        return;
+    };
+    let pg = postgres::server();
+    let url = pg.database("round_robin");
+    let up = common::scripted::Scripted::start().await;
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let config = shared_config(&up, &url);
+    let a = Llmtap::start(&config, dirs[0].path());
+    let b = Llmtap::start(&config, dirs[1].path());
+    let nginx_dir = tempfile::tempdir().unwrap();
+    let nginx = RoundRobin::start(&[a.addr, b.addr], nginx_dir.path());
+
+    let home = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let mut claude = std::process::Command::new(&bin);
+    claude
+        .current_dir(project.path())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("CLAUDE_CONFIG_DIR", home.path().join(".claude"))
+        .env(
+            "ANTHROPIC_BASE_URL",
+            format!("http://127.0.0.1:{}/anthropic", nginx.port),
+        )
+        .env("ANTHROPIC_API_KEY", "sk-ant-api03-SHAREDSECRET")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_ERROR_REPORTING", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .args(["-p", "[[tool:Task]] Delegate saying hi to a helper."])
+        .args(["--output-format", "json", "--allowedTools", "Bash"]);
+    let run = common::clients::run_client(claude, 90).await;
+    assert!(
+        run.stdout.contains(common::scripted::SCRIPTED_TEXT),
+        "{}\n{}",
+        run.stdout,
+        up.dump()
+    );
+    let calls = up.model_calls().len();
+    assert!(calls >= 4, "a main run with a Task sub-agent: {}", up.dump());
+
+    // Both replicas took calls of the one session.
+    let used = RoundRobin::replicas_used(nginx_dir.path());
+    assert!(
+        used.iter().any(|l| l.contains("/anthropic/")),
+        "nginx saw the calls: {used:?}"
+    );
+    let local_a = a.wait_for_traces(1).len();
+    let local_b = b.wait_for_traces(1).len();
+    assert!(
+        local_a > 0 && local_b > 0,
+        "round-robin split the calls: {local_a} + {local_b}"
+    );
+    let total = local_a + local_b;
+    wait_until("both replicas' calls in PostgreSQL", 30, || {
+        count(pg, &url, "SELECT count(*) FROM traces") == total
+    });
+
+    // One session in the shared store, with the sub-agent linked to its main trajectory.
+    let empty = tempfile::tempdir().unwrap();
+    let shared = Store::Shared(&url, empty.path());
+    let linked = |groups: &[Value]| -> Option<(String, String)> {
+        let claude: Vec<&Value> = groups
+            .iter()
+            .filter(|g| g["trajectories"].to_string().contains("subagent"))
+            .collect();
+        let [group] = claude.as_slice() else { return None };
+        let trajectories = group["trajectories"].as_array()?;
+        let sub = trajectories.iter().find(|t| t["parent_trajectory_id"].is_string())?;
+        let parent = sub["parent_trajectory_id"].as_str()?;
+        let sub_id = sub["trajectory_id"].as_str()?;
+        trajectories
+            .iter()
+            .any(|t| t["trajectory_id"] == parent)
+            .then(|| (parent.to_owned(), sub_id.to_owned()))
+    };
+    let mut found = None;
+    wait_until("one Claude Code session with its sub-agent linked", 30, || {
+        found = linked(&lines(&cli(&["sessions", "--json"], shared)));
+        found.is_some()
+    });
+    let (main_id, sub_id) = found.unwrap();
+    let groups = lines(&cli(&["sessions", "--json"], shared));
+    let session = groups
+        .iter()
+        .find(|g| g["trajectories"].to_string().contains(&sub_id))
+        .unwrap();
+    let session_calls: u64 = session["trajectories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["llm_calls"].as_u64().unwrap())
+        .sum();
+    // Counted once each, whichever replica took them: the calls the shared store holds for these trajectories.
+    let ids: Vec<&str> = session["trajectories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["trajectory_id"].as_str().unwrap())
+        .collect();
+    let traces = lines(&cli(&["traces", "--json"], shared));
+    let in_session = traces
+        .iter()
+        .filter(|t| t["trajectory_id"].as_str().is_some_and(|id| ids.contains(&id)))
+        .count();
+    assert_eq!(
+        session_calls as usize, in_session,
+        "every call of both replicas counted once: {session:#}"
+    );
+    assert!(in_session >= 4, "{session:#}");
+    let replicas: std::collections::BTreeSet<String> = pg
+        .psql(&url, "SELECT DISTINCT replica FROM traces")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(replicas.len(), 2, "calls from both replicas: {replicas:?}");
+
+    // The viewer of either replica shows the same session, the sub-agent under its parent.
+    for tap in [&a, &b] {
+        let page = viewer_session_of(tap, &main_id).await;
+        let ts = page["trajectories"].as_array().unwrap();
+        let sub = ts
+            .iter()
+            .find(|t| t["id"] == sub_id.as_str())
+            .unwrap_or_else(|| panic!("{page:#}"));
+        assert_eq!(sub["parent_trajectory_id"], main_id.as_str(), "{page:#}");
+        assert!(ts.iter().any(|t| t["id"] == main_id.as_str()), "{page:#}");
+    }
+    assert_eq!(
+        viewer_session_of(&a, &main_id).await,
+        viewer_session_of(&b, &main_id).await,
+        "both replicas' viewers read one store"
+    );
+}

@@ -64,17 +64,17 @@ impl Sink for SharedStoreSink {
     }
 
     async fn send(&self, batch: &mut Arc<ShipBatch>) -> Result<Accepted, SendError> {
-        if !batch.is_empty() {
-            if let Err(e) = self.store.ship(batch.clone(), self.replica.clone()).await {
-                return Err(if is_transient(&e) {
-                    SendError::Retryable {
-                        message: e.to_string(),
-                        retry_after: None,
-                    }
-                } else {
-                    SendError::Rejected { message: e.to_string() }
-                });
-            }
+        if !batch.is_empty()
+            && let Err(e) = self.store.ship(batch.clone(), self.replica.clone()).await
+        {
+            return Err(if is_transient(&e) {
+                SendError::Retryable {
+                    message: e.to_string(),
+                    retry_after: None,
+                }
+            } else {
+                SendError::Rejected { message: e.to_string() }
+            });
         }
         self.retain_when_due().await;
         Ok(Accepted::default())

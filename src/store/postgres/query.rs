@@ -187,7 +187,7 @@ impl Query for PgStore {
         self.block(|c| async move {
             let rows = c
                 .query(
-                    "SELECT step_id, body FROM steps WHERE trajectory_id = $1 AND step_index > $2
+                    "SELECT step_id, body FROM steps WHERE trajectory_id = $1 AND step_index > $2::bigint
                      ORDER BY step_index, step_id LIMIT $3",
                     &[&trajectory_id, &after, &limit],
                 )

@@ -68,6 +68,10 @@ pub(super) async fn migrate(client: &mut deadpool_postgres::Object, display: &st
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(err)?;
+    // "Already exists, skipping" notices are not news on every start.
+    tx.batch_execute("SET LOCAL client_min_messages = warning")
+        .await
+        .map_err(err)?;
     tx.batch_execute("CREATE TABLE IF NOT EXISTS llmtap_schema (version integer NOT NULL)")
         .await
         .map_err(err)?;

@@ -129,9 +129,12 @@ impl ShipBatch {
     }
 }
 
-/// The session rows a batch's trajectory parts add to: (start, end, agents, models) per session key.
-fn sessions(batch: &ShipBatch) -> BTreeMap<&str, (i64, i64, Vec<String>, Vec<String>)> {
-    let mut out: BTreeMap<&str, (i64, i64, Vec<String>, Vec<String>)> = BTreeMap::new();
+/// What a batch adds to one session row: (start, end, agents, models).
+type SessionRow = (i64, i64, Vec<String>, Vec<String>);
+
+/// The session rows a batch's trajectory parts add to, per session key.
+fn sessions(batch: &ShipBatch) -> BTreeMap<&str, SessionRow> {
+    let mut out: BTreeMap<&str, SessionRow> = BTreeMap::new();
     for p in batch.parts.values() {
         let e = out
             .entry(p.session_key.as_str())
