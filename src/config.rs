@@ -542,6 +542,36 @@ pub fn builtin_upstreams() -> [(&'static str, &'static str, ApiFamily); 3] {
 }
 
 /// `$LLMTAP_DATA_DIR`, else `$XDG_DATA_HOME/llmtap`, else `~/.local/share/llmtap`, else `./llmtap-data`.
+/// A URL that names the shared store.
+pub fn is_postgres_url(s: &str) -> bool {
+    s.starts_with("postgres://") || s.starts_with("postgresql://")
+}
+
+/// `url` with any password replaced by `***` (`postgres://user:***@host/db`).
+pub fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "postgres://(unparsable)".into();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    // A password may also come as a query parameter (libpq's `?password=`).
+    let tail = match tail.split_once("password=") {
+        Some((before, after)) => {
+            let end = after.find('&').unwrap_or(after.len());
+            format!("{before}password=***{}", &after[end..])
+        }
+        None => tail.to_owned(),
+    };
+    let url = format!("{scheme}://{authority}{tail}");
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url,
+        },
+        None => url,
+    }
+}
+
 pub fn default_data_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("LLMTAP_DATA_DIR") {
         return PathBuf::from(d);
@@ -621,7 +651,7 @@ impl RawConfig {
             retention_days: self.store.retention_days.unwrap_or(sd.retention_days),
             max_traces: self.store.max_traces.unwrap_or(sd.max_traces),
             shared: match self.store.url {
-                Some(url) if crate::store::postgres::is_url(&url) => Some(SharedStoreConfig {
+                Some(url) if is_postgres_url(&url) => Some(SharedStoreConfig {
                     url,
                     replica: self.store.replica.filter(|r| !r.is_empty()),
                 }),
@@ -630,7 +660,7 @@ impl RawConfig {
                         "store.url",
                         format!(
                             "{} is not a PostgreSQL URL (postgres://user@host:5432/db)",
-                            crate::store::postgres::redacted(&url)
+                            redacted_url(&url)
                         ),
                     ));
                 }

@@ -14,7 +14,7 @@ use super::sink::driver::{Driver, DriverConfig};
 use super::sink::retry::RetryPolicy;
 use super::sink::{Accepted, LogEntry, SendError, Sink};
 use crate::model::record::ExportKind;
-use crate::store::postgres::{PgStore, SHIP_CURSOR, ShipBatch, is_transient};
+use crate::store::postgres::{PgStore, SHIP_CURSOR, ShipBatch, is_refused_credentials, is_transient};
 use crate::store::{LogTable, RecentRecords, StoreError, StoreReader};
 use crate::telemetry::Metrics;
 

@@ -87,26 +87,7 @@ impl Drop for PgStore {
     }
 }
 
-/// A URL that names the shared store.
-pub fn is_url(s: &str) -> bool {
-    s.starts_with("postgres://") || s.starts_with("postgresql://")
-}
-
-/// `url` with any password replaced by `***` (`postgres://user:***@host/db`).
-pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "postgres://(unparsable)".into();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
+pub use crate::config::{is_postgres_url as is_url, redacted_url as redacted};
 
 impl PgStore {
     /// A store for `url` (`postgres://user:password@host:port/db?sslmode=require`). Connects lazily: a replica
@@ -263,6 +244,18 @@ pub fn is_transient(e: &StoreError) -> bool {
     }
 }
 
+/// Whether the database refused llmtap's credentials or rights (SQLSTATE class 28, or 42501): a setting to fix,
+/// not data to drop.
+pub fn is_refused_credentials(e: &StoreError) -> bool {
+    match e {
+        StoreError::Shared { message, .. } => {
+            let text = message.rsplit("cannot connect: ").next().unwrap_or(message);
+            text.starts_with("28") || text.starts_with("42501") || text.contains("password authentication failed")
+        }
+        _ => false,
+    }
+}
+
 impl PgStore {
     /// Deliver one batch of records from replica `replica`, in one transaction (all or nothing).
     pub async fn ship(self: &Arc<Self>, batch: Arc<ShipBatch>, replica: String) -> Result<(), StoreError> {
@@ -277,5 +270,36 @@ impl PgStore {
         let display = self.display.clone();
         self.spawn(move |client| async move { ship::retain(&client, cutoff_us, &display).await })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_shown_without_its_password() {
+        assert_eq!(redacted("postgres://u:s3cret@db:5432/x"), "postgres://u:***@db:5432/x");
+        assert_eq!(
+            redacted("postgresql://db/x?user=u&password=s3cret&sslmode=require"),
+            "postgresql://db/x?user=u&password=***&sslmode=require"
+        );
+        assert_eq!(redacted("postgres://u@db/x"), "postgres://u@db/x");
+        assert!(!redacted("postgres://u:p@ss@db/x").contains("p@ss"));
+    }
+
+    #[test]
+    fn connection_and_rollback_failures_are_retried_and_refusals_are_not() {
+        let e = |message: &str| StoreError::Shared {
+            store: "s".into(),
+            message: message.into(),
+        };
+        assert!(is_transient(&e("cannot connect: connection refused")));
+        assert!(is_transient(&e("40P01: deadlock detected")));
+        assert!(is_transient(&e(
+            "57P01: terminating connection due to administrator command"
+        )));
+        assert!(!is_transient(&e("22P02: invalid input syntax")));
+        assert!(!is_transient(&e("42501: permission denied for table traces")));
     }
 }
