@@ -67,7 +67,9 @@ impl Sink for SharedStoreSink {
         if !batch.is_empty()
             && let Err(e) = self.store.ship(batch.clone(), self.replica.clone()).await
         {
-            return Err(if is_transient(&e) {
+            return Err(if is_refused_credentials(&e) {
+                SendError::Unauthorized { message: e.to_string() }
+            } else if is_transient(&e) {
                 SendError::Retryable {
                     message: e.to_string(),
                     retry_after: None,
