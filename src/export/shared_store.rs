@@ -19,7 +19,7 @@ use crate::store::{LogTable, RecentRecords, StoreError, StoreReader};
 use crate::telemetry::Metrics;
 
 /// Ship-log entries per transaction: a few hundred rows, each a pipelined statement.
-const BATCH: usize = 256;
+pub const BATCH: usize = 256;
 /// How often a replica applies the shared store's retention (any replica may; they delete the same rows).
 const RETENTION_EVERY: Duration = Duration::from_secs(600);
 
@@ -34,29 +34,7 @@ impl Sink for SharedStoreSink {
     type Batch = Arc<ShipBatch>;
 
     fn build(&self, reader: &StoreReader, entries: &[LogEntry]) -> Result<Arc<ShipBatch>, StoreError> {
-        let mut batch = ShipBatch::default();
-        // A record retention already deleted locally is skipped: there is nothing left to deliver.
-        for entry in entries {
-            match entry.kind {
-                ExportKind::Trace => {
-                    if let Some(t) = reader.trace(&entry.reference)? {
-                        batch.add_trace(&t)?;
-                    }
-                }
-                ExportKind::Step => {
-                    if let Some(s) = reader.step_by_id(&entry.reference)? {
-                        batch.add_step(&s)?;
-                    }
-                }
-                ExportKind::Trajectory => {
-                    if let Some(t) = reader.trajectory(&entry.reference)? {
-                        batch.add_trajectory(&t)?;
-                    }
-                }
-                ExportKind::Chat | ExportKind::Tools | ExportKind::Agent => {}
-            }
-        }
-        Ok(Arc::new(batch))
+        batch_of(reader, entries).map(Arc::new)
     }
 
     fn items(&self, batch: &Arc<ShipBatch>) -> usize {
@@ -81,6 +59,33 @@ impl Sink for SharedStoreSink {
         self.retain_when_due().await;
         Ok(Accepted::default())
     }
+}
+
+/// The records ship-log `entries` name, as the local store holds them now. A record retention already deleted
+/// locally is skipped: there is nothing left to deliver.
+pub fn batch_of(reader: &StoreReader, entries: &[LogEntry]) -> Result<ShipBatch, StoreError> {
+    let mut batch = ShipBatch::default();
+    for entry in entries {
+        match entry.kind {
+            ExportKind::Trace => {
+                if let Some(t) = reader.trace(&entry.reference)? {
+                    batch.add_trace(&t)?;
+                }
+            }
+            ExportKind::Step => {
+                if let Some(s) = reader.step_by_id(&entry.reference)? {
+                    batch.add_step(&s)?;
+                }
+            }
+            ExportKind::Trajectory => {
+                if let Some(t) = reader.trajectory(&entry.reference)? {
+                    batch.add_trajectory(&t)?;
+                }
+            }
+            ExportKind::Chat | ExportKind::Tools | ExportKind::Agent => {}
+        }
+    }
+    Ok(batch)
 }
 
 impl SharedStoreSink {

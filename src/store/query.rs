@@ -51,6 +51,17 @@ pub trait Query {
         f: &mut dyn FnMut(Step) -> Result<(), StoreError>,
     ) -> Result<(), StoreError>;
 
+    /// [`session_trajectories`](Self::session_trajectories) of several sessions, in their order: a page of the
+    /// sessions list in one read where the backend is a round trip away.
+    fn trajectories_of_sessions(&self, sessions: &[String]) -> Result<Vec<Vec<(i64, TrajectorySummary)>>, StoreError> {
+        sessions.iter().map(|s| self.session_trajectories(s)).collect()
+    }
+
+    /// [`call_heads`](Self::call_heads) of several trajectories, in their order.
+    fn call_heads_of(&self, trajectory_ids: &[String]) -> Result<Vec<Vec<CallHead>>, StoreError> {
+        trajectory_ids.iter().map(|t| self.call_heads(t)).collect()
+    }
+
     fn steps(&self, filter: &TraceFilter) -> Result<Vec<Step>, StoreError> {
         let mut out = Vec::new();
         self.for_each_step(filter, &mut |s| {

@@ -28,12 +28,20 @@ pub struct Context {
 /// session: main runs, sub-agents, continuations, side calls, titles, warmups and quota probes.
 pub fn list_sessions(reader: &dyn Query, query: &SessionQuery) -> Result<Value, StoreError> {
     let heads = reader.session_page(query)?;
+    // The page's trajectories, then all their calls: two reads for the page, whatever its length.
+    let keys: Vec<String> = heads.iter().map(|h| h.session.clone()).collect();
+    let per_session = reader.trajectories_of_sessions(&keys)?;
+    let ids: Vec<String> = per_session
+        .iter()
+        .flatten()
+        .map(|(_, t)| t.trajectory_id.clone())
+        .collect();
+    let mut calls = reader.call_heads_of(&ids)?.into_iter();
     let mut rows = Vec::with_capacity(heads.len());
-    for head in &heads {
-        let trajectories = reader.session_trajectories(&head.session)?;
+    for (head, trajectories) in heads.iter().zip(per_session) {
         let mut totals = Totals::default();
-        for (_, t) in &trajectories {
-            for call in reader.call_heads(&t.trajectory_id)? {
+        for _ in &trajectories {
+            for call in calls.next().unwrap_or_default() {
                 totals.add(&call);
             }
         }

@@ -20,6 +20,7 @@ mod derive;
 mod forward;
 mod proxy;
 mod servers;
+mod shared;
 mod stats;
 mod viewer;
 
@@ -128,6 +129,14 @@ fn main() {
         "derive-split" => derive::split(calls, 5..15),
         "codec" => codec::run(codec_rounds),
         "viewer" => viewer_run(smoke),
+        "shared-store" => {
+            let n = args
+                .iter()
+                .filter(|a| !a.starts_with("--"))
+                .nth(1)
+                .and_then(|s| s.parse().ok());
+            shared::run(n.unwrap_or(if smoke { 2_000 } else { 100_000 }))
+        }
         "bytes" => capture::bytes_per_call(100),
         "lossless" => capture::lossless(smoke),
         "store-rate" => {
@@ -138,7 +147,7 @@ fn main() {
         }
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
         other => eprintln!(
-            "unknown mode {other:?}; modes: all, proxy, forward, latency, throughput, memory, export, derive, codec, viewer, bytes, lossless, \
+            "unknown mode {other:?}; modes: all, proxy, forward, latency, throughput, memory, export, derive, codec, viewer, shared-store [N], bytes, lossless, \
              store-rate [N] [ROUNDS], saturate URL [SECS] [CONNS], pace URL [RATE] [SECS]"
         ),
     }

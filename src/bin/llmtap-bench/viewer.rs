@@ -15,7 +15,7 @@ use llmtap::api::viewer::data;
 use llmtap::config::{DeriveConfig, StoreConfig};
 use llmtap::derive::Deriver;
 use llmtap::model::record::Record;
-use llmtap::store::{SessionQuery, StoreReader};
+use llmtap::store::{Query, SessionQuery, StoreReader};
 use llmtap::telemetry::Metrics;
 
 use super::derive::exchange;
@@ -57,7 +57,7 @@ pub fn run_flood(sessions: usize) {
         return;
     }
     let t0 = Instant::now();
-    let start = match build_flood(&dir, sessions) {
+    let start = match build_flood(&dir, sessions, StoreConfig::default()) {
         Ok(start) => start,
         Err(e) => {
             eprintln!("llmtap-bench viewer: {e}");
@@ -70,7 +70,7 @@ pub fn run_flood(sessions: usize) {
         size as f64 / 1e6,
         t0.elapsed().as_secs_f64()
     );
-    if let Err(e) = measure_flood(&dir, sessions, start) {
+    if let Err(e) = StoreReader::open(&dir).and_then(|r| measure_flood(&r, sessions, start)) {
         eprintln!("llmtap-bench viewer: {e}");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -82,23 +82,25 @@ const FLOOD_STEP_US: i64 = 1_000_000;
 /// The store writer on a store in `dir`, as `llmtap serve` runs it.
 fn start_writer(
     dir: &std::path::Path,
+    config: StoreConfig,
 ) -> Result<(llmtap::store::StoreTx, std::thread::JoinHandle<()>), llmtap::store::StoreError> {
     let conn = llmtap::store::open(dir)?;
-    llmtap::store::StoreWriter::spawn(
-        conn,
-        StoreConfig::default(),
-        Arc::new(Metrics::default()),
-        Default::default(),
+    llmtap::store::StoreWriter::spawn(conn, config, Arc::new(Metrics::default()), Default::default()).map_err(
+        |source| llmtap::store::StoreError::DataDir {
+            path: dir.to_owned(),
+            source,
+        },
     )
-    .map_err(|source| llmtap::store::StoreError::DataDir {
-        path: dir.to_owned(),
-        source,
-    })
 }
 
-/// Writes `sessions` one-call sessions through the store writer; returns the first one's start (Unix micros).
-fn build_flood(dir: &std::path::Path, sessions: usize) -> Result<i64, llmtap::store::StoreError> {
-    let (tx, thread) = start_writer(dir)?;
+/// Writes `sessions` one-call sessions through the store writer (as `config` sets it up); returns the first
+/// one's start (Unix micros).
+pub fn build_flood(
+    dir: &std::path::Path,
+    sessions: usize,
+    config: StoreConfig,
+) -> Result<i64, llmtap::store::StoreError> {
+    let (tx, thread) = start_writer(dir, config)?;
     let start = llmtap::capture::now_micros() - 86_400_000_000 - sessions as i64 * FLOOD_STEP_US;
     let mut deriver = Deriver::new(DeriveConfig::default());
     let mut batch = Vec::new();
@@ -117,8 +119,8 @@ fn build_flood(dir: &std::path::Path, sessions: usize) -> Result<i64, llmtap::st
     Ok(start)
 }
 
-fn measure_flood(dir: &std::path::Path, sessions: usize, start: i64) -> Result<(), llmtap::store::StoreError> {
-    let reader = StoreReader::open(dir)?;
+/// The viewer's sessions list on a store of `sessions` one-call sessions (`build_flood`), read through `reader`.
+pub fn measure_flood(reader: &dyn Query, sessions: usize, start: i64) -> Result<(), llmtap::store::StoreError> {
     // The keyset cursor of the middle session: its start and key, as the previous page's last row gives them.
     let middle = reader
         .session_page(&SessionQuery {
@@ -161,7 +163,7 @@ fn measure_flood(dir: &std::path::Path, sessions: usize, start: i64) -> Result<(
         let mut rows = 0;
         for _ in 0..5 {
             let t0 = Instant::now();
-            rows = data::list_sessions(&reader, &q)?["sessions"]
+            rows = data::list_sessions(reader, &q)?["sessions"]
                 .as_array()
                 .map_or(0, Vec::len);
             times.push(t0.elapsed());
@@ -177,7 +179,7 @@ fn measure_flood(dir: &std::path::Path, sessions: usize, start: i64) -> Result<(
 }
 
 fn build(dir: &std::path::Path, calls: usize, small: usize, pad: usize) -> Result<(), llmtap::store::StoreError> {
-    let (tx, thread) = start_writer(dir)?;
+    let (tx, thread) = start_writer(dir, StoreConfig::default())?;
     let mut t = llmtap::capture::now_micros() - 86_400_000_000;
     let mut deriver = Deriver::new(DeriveConfig::default());
     // The big session: conversations of ROUNDS calls, renumbered into one trajectory.

@@ -79,6 +79,52 @@ impl PgStore {
 }
 
 impl Query for PgStore {
+    fn trajectories_of_sessions(&self, sessions: &[String]) -> Result<Vec<Vec<(i64, TrajectorySummary)>>, StoreError> {
+        let display = self.display.clone();
+        let keys = sessions.to_vec();
+        let rows = self.block(|c| async move {
+            c.query(
+                "SELECT p.trajectory_id, p.body, NULL::text, NULL::text, p.started_us, s.session_key
+                 FROM trajectory_parts p
+                 JOIN (SELECT DISTINCT trajectory_id, session_key FROM trajectory_parts
+                       WHERE session_key = ANY($1)) s ON s.trajectory_id = p.trajectory_id",
+                &[&keys],
+            )
+            .await
+            .map_err(|e| db_error(&display, e))
+        })?;
+        let mut by_session: BTreeMap<String, Vec<Row>> = BTreeMap::new();
+        for row in rows {
+            by_session.entry(row.get(5)).or_default().push(row);
+        }
+        sessions
+            .iter()
+            .map(|s| merged(by_session.remove(s).unwrap_or_default()))
+            .collect()
+    }
+
+    fn call_heads_of(&self, trajectory_ids: &[String]) -> Result<Vec<Vec<CallHead>>, StoreError> {
+        let display = self.display.clone();
+        let ids = trajectory_ids.to_vec();
+        let rows = self.block(|c| async move {
+            c.query(
+                "SELECT id, head, trajectory_id FROM traces WHERE trajectory_id = ANY($1) ORDER BY started_us, id",
+                &[&ids],
+            )
+            .await
+            .map_err(|e| db_error(&display, e))
+        })?;
+        let mut by_trajectory: BTreeMap<String, Vec<CallHead>> = BTreeMap::new();
+        for r in rows {
+            let head = doc::head(r.get(0), r.get(1))?.call_head();
+            by_trajectory.entry(r.get(2)).or_default().push(head);
+        }
+        Ok(trajectory_ids
+            .iter()
+            .map(|t| by_trajectory.remove(t).unwrap_or_default())
+            .collect())
+    }
+
     fn session_page(&self, q: &SessionQuery) -> Result<Vec<SessionHead>, StoreError> {
         let display = self.display.clone();
         let q = q.clone();

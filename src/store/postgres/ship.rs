@@ -1,11 +1,10 @@
 //! Delivering a replica's records into the shared store: every row an upsert by its id, one transaction per
-//! batch, statements pipelined on one connection (tokio-postgres sends them without waiting for each answer).
-//! Rows are written in key order within each table, so two replicas' transactions take row locks in the same
-//! order; a deadlock that still happens is a transient error and the batch is sent again.
+//! batch, one statement per table (the batch's rows as arrays, `unnest`ed: a row-per-statement upsert of a
+//! 256-entry batch was hundreds of round trips). Rows go in key order within each table, so two replicas'
+//! transactions take row locks in the same order; a deadlock that still happens is a transient error and the
+//! batch is sent again.
 
 use std::collections::BTreeMap;
-
-use futures_util::future::try_join_all;
 
 use super::{StoreError, db_error, doc};
 use crate::model::step::{Step, TrajectorySummary};
@@ -163,118 +162,122 @@ pub(super) async fn upsert(
 ) -> Result<(), StoreError> {
     let err = |e| db_error(display, e);
     let tx = client.transaction().await.map_err(err)?;
-    let trace = tx
-        .prepare_cached(
-            "INSERT INTO traces (id, replica, trajectory_id, session_key, started_us, head, bodies)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
-             ON CONFLICT (id) DO UPDATE SET replica = EXCLUDED.replica, trajectory_id = EXCLUDED.trajectory_id,
-                 session_key = EXCLUDED.session_key, head = EXCLUDED.head, bodies = EXCLUDED.bodies",
-        )
-        .await
-        .map_err(err)?;
-    // Two replicas may both derive a step (a user turn both saw): the version written from the call itself
-    // (with its trace id) wins over one derived from a later request's history.
-    let step = tx
-        .prepare_cached(
-            "INSERT INTO steps (step_id, trajectory_id, step_index, role, trace_id, started_us, body)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
-             ON CONFLICT (step_id) DO UPDATE SET
-                 body = CASE WHEN EXCLUDED.trace_id IS NOT NULL OR steps.trace_id IS NULL
-                        THEN EXCLUDED.body ELSE steps.body END,
-                 trace_id = COALESCE(EXCLUDED.trace_id, steps.trace_id)",
-        )
-        .await
-        .map_err(err)?;
-    let part = tx
-        .prepare_cached(
-            "INSERT INTO trajectory_parts (trajectory_id, replica, session_key, started_us, ended_us, body,
-                 system_prompts, tool_definitions)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-             ON CONFLICT (trajectory_id, replica) DO UPDATE SET session_key = EXCLUDED.session_key,
-                 started_us = LEAST(trajectory_parts.started_us, EXCLUDED.started_us),
-                 ended_us = EXCLUDED.ended_us, body = EXCLUDED.body,
-                 system_prompts = COALESCE(EXCLUDED.system_prompts, trajectory_parts.system_prompts),
-                 tool_definitions = COALESCE(EXCLUDED.tool_definitions, trajectory_parts.tool_definitions)",
-        )
-        .await
-        .map_err(err)?;
-    let session = tx
-        .prepare_cached(
-            "INSERT INTO sessions (session_key, started_us, ended_us, agents, models) VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (session_key) DO UPDATE SET
-                 started_us = LEAST(sessions.started_us, EXCLUDED.started_us),
-                 ended_us = GREATEST(sessions.ended_us, EXCLUDED.ended_us),
-                 agents = ARRAY(SELECT DISTINCT a FROM unnest(sessions.agents || EXCLUDED.agents) a ORDER BY a),
-                 models = ARRAY(SELECT DISTINCT m FROM unnest(sessions.models || EXCLUDED.models) m ORDER BY m)",
-        )
-        .await
-        .map_err(err)?;
-
     // Sessions and trajectory parts first (the rows replicas share), then the rows only one replica writes.
-    let session_rows = sessions(batch);
-    try_join_all(session_rows.iter().map(|(key, (start, end, agents, models))| {
-        tx.execute_raw(&session, params(&[key, start, end, agents, models]))
-    }))
-    .await
-    .map_err(err)?;
-    try_join_all(batch.parts.iter().map(|(id, p)| {
-        tx.execute_raw(
-            &part,
-            params(&[
-                id,
-                &replica,
-                &p.session_key,
-                &p.started_us,
-                &p.ended_us,
-                &p.body,
-                &p.system_prompts,
-                &p.tool_definitions,
-            ]),
+    let sessions = sessions(batch);
+    if !sessions.is_empty() {
+        let keys: Vec<&str> = sessions.keys().copied().collect();
+        let starts: Vec<i64> = sessions.values().map(|s| s.0).collect();
+        let ends: Vec<i64> = sessions.values().map(|s| s.1).collect();
+        // Each row's lists as JSON text: arrays of arrays cannot be ragged.
+        let agents: Vec<String> = sessions.values().map(|s| json_list(&s.2)).collect();
+        let models: Vec<String> = sessions.values().map(|s| json_list(&s.3)).collect();
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO sessions (session_key, started_us, ended_us, agents, models)
+                 SELECT k, s, e, ARRAY(SELECT jsonb_array_elements_text(a::jsonb)),
+                        ARRAY(SELECT jsonb_array_elements_text(m::jsonb))
+                 FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[]) AS u(k, s, e, a, m)
+                 ON CONFLICT (session_key) DO UPDATE SET
+                     started_us = LEAST(sessions.started_us, EXCLUDED.started_us),
+                     ended_us = GREATEST(sessions.ended_us, EXCLUDED.ended_us),
+                     agents = ARRAY(SELECT DISTINCT x FROM unnest(sessions.agents || EXCLUDED.agents) x ORDER BY x),
+                     models = ARRAY(SELECT DISTINCT x FROM unnest(sessions.models || EXCLUDED.models) x ORDER BY x)",
+            )
+            .await
+            .map_err(err)?;
+        tx.execute(&stmt, &[&keys, &starts, &ends, &agents, &models])
+            .await
+            .map_err(err)?;
+    }
+    if !batch.parts.is_empty() {
+        let p = &batch.parts;
+        let ids: Vec<&str> = p.keys().map(String::as_str).collect();
+        let keys: Vec<&str> = p.values().map(|r| r.session_key.as_str()).collect();
+        let starts: Vec<i64> = p.values().map(|r| r.started_us).collect();
+        let ends: Vec<i64> = p.values().map(|r| r.ended_us).collect();
+        let bodies: Vec<&str> = p.values().map(|r| r.body.as_str()).collect();
+        let prompts: Vec<Option<&str>> = p.values().map(|r| r.system_prompts.as_deref()).collect();
+        let tools: Vec<Option<&str>> = p.values().map(|r| r.tool_definitions.as_deref()).collect();
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO trajectory_parts (trajectory_id, replica, session_key, started_us, ended_us, body,
+                     system_prompts, tool_definitions)
+                 SELECT t, $2, k, s, e, b, sp, td
+                 FROM unnest($1::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[], $8::text[])
+                     AS u(t, k, s, e, b, sp, td)
+                 ON CONFLICT (trajectory_id, replica) DO UPDATE SET session_key = EXCLUDED.session_key,
+                     started_us = LEAST(trajectory_parts.started_us, EXCLUDED.started_us),
+                     ended_us = EXCLUDED.ended_us, body = EXCLUDED.body,
+                     system_prompts = COALESCE(EXCLUDED.system_prompts, trajectory_parts.system_prompts),
+                     tool_definitions = COALESCE(EXCLUDED.tool_definitions, trajectory_parts.tool_definitions)",
+            )
+            .await
+            .map_err(err)?;
+        tx.execute(
+            &stmt,
+            &[&ids, &replica, &keys, &starts, &ends, &bodies, &prompts, &tools],
         )
-    }))
-    .await
-    .map_err(err)?;
-    try_join_all(batch.traces.iter().map(|(id, t)| {
-        tx.execute_raw(
-            &trace,
-            params(&[
-                id,
-                &replica,
-                &t.trajectory_id,
-                &t.session_key,
-                &t.started_us,
-                &t.head,
-                &t.bodies,
-            ]),
+        .await
+        .map_err(err)?;
+    }
+    if !batch.traces.is_empty() {
+        let t = &batch.traces;
+        let ids: Vec<&str> = t.keys().map(String::as_str).collect();
+        let trajectories: Vec<Option<&str>> = t.values().map(|r| r.trajectory_id.as_deref()).collect();
+        let keys: Vec<Option<&str>> = t.values().map(|r| r.session_key.as_deref()).collect();
+        let starts: Vec<i64> = t.values().map(|r| r.started_us).collect();
+        let heads: Vec<&str> = t.values().map(|r| r.head.as_str()).collect();
+        let bodies: Vec<&[u8]> = t.values().map(|r| r.bodies.as_slice()).collect();
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO traces (id, replica, trajectory_id, session_key, started_us, head, bodies)
+                 SELECT i, $2, t, k, s, h, b
+                 FROM unnest($1::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bytea[])
+                     AS u(i, t, k, s, h, b)
+                 ON CONFLICT (id) DO UPDATE SET replica = EXCLUDED.replica, trajectory_id = EXCLUDED.trajectory_id,
+                     session_key = EXCLUDED.session_key, head = EXCLUDED.head, bodies = EXCLUDED.bodies",
+            )
+            .await
+            .map_err(err)?;
+        tx.execute(&stmt, &[&ids, &replica, &trajectories, &keys, &starts, &heads, &bodies])
+            .await
+            .map_err(err)?;
+    }
+    if !batch.steps.is_empty() {
+        let st = &batch.steps;
+        let ids: Vec<&str> = st.keys().map(String::as_str).collect();
+        let trajectories: Vec<&str> = st.values().map(|r| r.trajectory_id.as_str()).collect();
+        let indexes: Vec<i32> = st.values().map(|r| r.step_index).collect();
+        let roles: Vec<&str> = st.values().map(|r| r.role).collect();
+        let traces: Vec<Option<&str>> = st.values().map(|r| r.trace_id.as_deref()).collect();
+        let starts: Vec<i64> = st.values().map(|r| r.started_us).collect();
+        let bodies: Vec<&str> = st.values().map(|r| r.body.as_str()).collect();
+        // Two replicas may both derive a step (a user turn both saw): the version written from the call itself
+        // (with its trace id) wins over one derived from a later request's history.
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO steps (step_id, trajectory_id, step_index, role, trace_id, started_us, body)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[],
+                     $7::text[])
+                 ON CONFLICT (step_id) DO UPDATE SET
+                     body = CASE WHEN EXCLUDED.trace_id IS NOT NULL OR steps.trace_id IS NULL
+                            THEN EXCLUDED.body ELSE steps.body END,
+                     trace_id = COALESCE(EXCLUDED.trace_id, steps.trace_id)",
+            )
+            .await
+            .map_err(err)?;
+        tx.execute(
+            &stmt,
+            &[&ids, &trajectories, &indexes, &roles, &traces, &starts, &bodies],
         )
-    }))
-    .await
-    .map_err(err)?;
-    try_join_all(batch.steps.iter().map(|(id, s)| {
-        tx.execute_raw(
-            &step,
-            params(&[
-                id,
-                &s.trajectory_id,
-                &s.step_index,
-                &s.role,
-                &s.trace_id,
-                &s.started_us,
-                &s.body,
-            ]),
-        )
-    }))
-    .await
-    .map_err(err)?;
+        .await
+        .map_err(err)?;
+    }
     tx.commit().await.map_err(err)
 }
 
-type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
-
-/// A statement's parameters as an owned list, so that a pipelined statement's future does not borrow a
-/// temporary array.
-fn params<'a>(p: &[Param<'a>]) -> Vec<Param<'a>> {
-    p.to_vec()
+fn json_list(items: &[String]) -> String {
+    serde_json::to_string(items).unwrap_or_else(|_| "[]".into())
 }
 
 /// Delete rows older than `cutoff_us`; returns how many traces went.
