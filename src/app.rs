@@ -91,12 +91,13 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
     let recent = Arc::new(crate::store::RecentRecords::new(config.otlp.len()));
     // The commit feed: what the writer committed, for the API's and the viewer's live events.
     let live = crate::api::live_channel();
+    let feed = crate::store::feed::CommitFeed::new(live.clone());
     let (store_tx, store_thread) = StoreWriter::spawn_with_feed(
         conn,
         config.store.clone(),
         metrics.clone(),
         recent.clone(),
-        Some(live.clone()),
+        Some(feed.clone()),
     )
     .map_err(AppError::Thread)?;
 
@@ -226,6 +227,7 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
             servers: servers.clone(),
             metrics: metrics.clone(),
             recent: recent.clone(),
+            commits: feed.commits(),
         };
         sinks.push(Box::pin(crate::export::otlp::run(ctx, export_stop.clone())));
     }
@@ -244,6 +246,7 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
             retention_days: config.store.retention_days,
             metrics: metrics.clone(),
             recent: recent.clone(),
+            commits: feed.commits(),
         };
         sinks.push(Box::pin(crate::export::shared_store::run(ctx, export_stop.clone())));
     }

@@ -277,3 +277,61 @@ async fn export_over_grpc_matches_the_cli() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("nope"));
 }
+
+/// The live feed is the store's commit feed: when a step or call event arrives, its record can already be read
+/// back (the viewer reloads the session on an event; a read that found nothing would show a stale page).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_arrives_only_after_its_record_is_committed() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let mut api = api_client(&tap).await;
+    let mut stream = api
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let client = client();
+    let calls = session("pydantic-ai__openai_chat_stream_agent_3calls");
+    let viewer = format!("http://{}", tap.viewer_addr.unwrap());
+    let mut checked = (0, 0);
+    for f in &calls {
+        assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, f.status);
+        // Each call ends with its trace and its agent step, in whichever order the pass wrote them.
+        let (mut trace_seen, mut agent_seen) = (false, false);
+        while !(trace_seen && agent_seen) {
+            let event = next_event(&mut stream).await;
+            match event.kind {
+                // Read at once, on the event: no wait, no retry.
+                Some(pb::event::Kind::Trace(t)) => {
+                    let r = send(&client, "GET", &format!("{viewer}/api/calls/{}", t.id), &[], Vec::new()).await;
+                    assert_eq!(r.status, 200, "call {} readable when its event arrives", t.id);
+                    checked.0 += 1;
+                    trace_seen = true;
+                }
+                Some(pb::event::Kind::Step(s)) => {
+                    let page = send(
+                        &client,
+                        "GET",
+                        &format!("{viewer}/api/trajectories/{}/steps", s.trajectory_id),
+                        &[],
+                        Vec::new(),
+                    )
+                    .await;
+                    assert_eq!(page.status, 200);
+                    let page: serde_json::Value = serde_json::from_slice(&page.body).unwrap();
+                    assert!(
+                        page.to_string().contains(&s.step_id),
+                        "step {} readable when its event arrives: {page}",
+                        s.step_id
+                    );
+                    checked.1 += 1;
+                    agent_seen |= s.role == "agent";
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(checked.0, calls.len(), "every call's event checked");
+    assert!(checked.1 >= calls.len(), "steps checked: {}", checked.1);
+}

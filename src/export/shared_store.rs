@@ -118,6 +118,8 @@ pub struct SharedStoreContext {
     pub retention_days: u64,
     pub metrics: Arc<Metrics>,
     pub recent: Arc<RecentRecords>,
+    /// The writer's commit count: the sink wakes on commits instead of polling.
+    pub commits: tokio::sync::watch::Receiver<u64>,
 }
 
 /// Deliver this replica's records to the shared store until `stop` (and its flush) is over; what is left is
@@ -133,6 +135,7 @@ pub async fn run(ctx: SharedStoreContext, stop: CancellationToken) {
         },
         recent: ctx.recent,
         log: LogTable::Ship,
+        commits: Some(ctx.commits),
     };
     let sink = SharedStoreSink {
         store: ctx.store,

@@ -21,7 +21,7 @@ use super::checkpoint::{CHECKPOINT_PAGES, Checkpointer};
 use super::chunks::{ChunkCache, store_request};
 use super::coalesce::{Slot, plan};
 use super::codec::compress;
-use super::feed::{LiveEvent, LiveTx};
+use super::feed::{CommitFeed, LiveEvent, LiveTx};
 use super::in_flight::{Held, InFlight};
 use super::recent::RecentRecords;
 use super::{Record, StoreError};
@@ -92,13 +92,13 @@ impl StoreWriter {
         Self::spawn_with_feed(conn, config, metrics, recent, None)
     }
 
-    /// [`spawn`](Self::spawn), publishing every committed step and call on `feed` (see `store::feed`).
+    /// [`spawn`](Self::spawn), publishing each commit on `feed` (see `store::feed`).
     pub fn spawn_with_feed(
         conn: Connection,
         config: StoreConfig,
         metrics: Arc<Metrics>,
         recent: Arc<RecentRecords>,
-        feed: Option<LiveTx>,
+        feed: Option<CommitFeed>,
     ) -> std::io::Result<(StoreTx, JoinHandle<()>)> {
         let (tx, rx) = sync_channel(QUEUED_BATCHES);
         let m = metrics.clone();
@@ -178,7 +178,7 @@ fn run(
     config: StoreConfig,
     metrics: Arc<Metrics>,
     recent: Arc<RecentRecords>,
-    feed: Option<LiveTx>,
+    feed: Option<CommitFeed>,
     senders: Weak<()>,
 ) {
     crate::background::run_in_background();
@@ -260,8 +260,13 @@ fn run(
             metrics.store_ok();
             publish_export_head(&conn, &metrics);
         }
-        if let Some(feed) = feed.as_ref().filter(|f| f.receiver_count() > 0) {
-            publish(feed, &batch, &lost);
+        if let Some(feed) = &feed {
+            if feed.live.receiver_count() > 0 {
+                publish(&feed.live, &batch, &lost);
+            }
+            if stored > 0 {
+                feed.commits.send_modify(|n| *n += 1);
+            }
         }
         let mut i = 0;
         recent.remember(batch.drain(..).filter(|_| {

@@ -32,6 +32,8 @@ pub struct SinkContext {
     pub metrics: Arc<Metrics>,
     /// The writer's last committed records: most spans are built from these instead of read back.
     pub recent: Arc<RecentRecords>,
+    /// The writer's commit count: the sink wakes on commits instead of polling.
+    pub commits: tokio::sync::watch::Receiver<u64>,
 }
 
 /// Upstream name → (host, port) for server.address/server.port.
@@ -151,6 +153,7 @@ pub async fn run(ctx: SinkContext, stop: CancellationToken) {
         },
         recent: ctx.recent,
         log: crate::store::LogTable::Export,
+        commits: Some(ctx.commits),
     };
     let sink = OtlpSink {
         config: ctx.config,

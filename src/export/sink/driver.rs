@@ -40,6 +40,9 @@ pub struct DriverConfig {
     pub recent: Arc<RecentRecords>,
     /// The log the sink follows: the export log (span and file sinks), or the ship log (the shared store).
     pub log: LogTable,
+    /// The store writer's commit count (`store::feed`): a sink that found nothing new waits for it to move
+    /// instead of polling the store. None: it looks again every `IDLE_POLL`.
+    pub commits: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 /// The sink's own store connections, opened once and kept across batches: opening SQLite connections per batch
@@ -105,7 +108,8 @@ impl<S: Sink> Driver<S> {
                 if stop.is_cancelled() {
                     break;
                 }
-                self.sleep(&stop, IDLE_POLL).await;
+                // Nothing new: wait for the writer's next commit rather than looking again and again.
+                self.wait_for_commit(&stop).await;
                 continue;
             };
             if !self.deliver(&mut read.batch, &stop).await {
@@ -227,6 +231,10 @@ impl<S: Sink> Driver<S> {
 
     /// The next batch after the cursor (None: caught up). Outer None: the runtime is going away.
     async fn read_next(&mut self) -> Option<Result<Option<Read<S::Batch>>, StoreError>> {
+        // What the read will see includes every commit counted so far.
+        if let Some(c) = self.cfg.commits.as_mut() {
+            c.mark_unchanged();
+        }
         let sink = self.sink.clone();
         let batch_size = self.cfg.batch_size;
         let log = self.cfg.log;
@@ -291,6 +299,32 @@ impl<S: Sink> Driver<S> {
             self.deadline = Some(Instant::now() + FLUSH_DEADLINE);
         }
         self.deadline.is_none_or(|d| Instant::now() < d)
+    }
+
+    /// Until the writer commits again (or `IDLE_POLL` without a commit feed), a stop request, or the flush
+    /// deadline. Commits seen before the last read count as seen: the read looked at them.
+    async fn wait_for_commit(&mut self, stop: &CancellationToken) {
+        let Some(mut commits) = self.cfg.commits.clone() else {
+            self.sleep(stop, IDLE_POLL).await;
+            return;
+        };
+        if self.deadline.is_some() {
+            // Flushing at shutdown: the writer has stopped; nothing more will come.
+            self.sleep(stop, IDLE_POLL).await;
+            return;
+        }
+        tokio::select! {
+            changed = commits.changed() => {
+                if changed.is_err() {
+                    // The writer is gone: fall back to looking now and then.
+                    self.cfg.commits = None;
+                }
+            }
+            _ = stop.cancelled() => {}
+        }
+        if let Some(c) = self.cfg.commits.as_mut() {
+            c.mark_unchanged();
+        }
     }
 
     /// Sleep `d`, cut short by a stop request (which starts the flush deadline) and by the deadline itself.
