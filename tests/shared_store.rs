@@ -673,3 +673,68 @@ async fn a_claude_code_session_balanced_round_robin_over_two_replicas_is_one_ses
         "both replicas' viewers read one store"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_applies_in_the_shared_store_and_a_newer_schema_is_refused() {
+    let _serial = SERIAL.lock().await;
+    let pg = postgres::server();
+    let url = pg.database("retention");
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    // A first llmtap creates the schema and delivers one session.
+    let config = upstream_config(&up, &format!("[store]\nurl = \"{url}\"\nretention_days = 1\n"));
+    let mut tap = Llmtap::start(&config, dir.path());
+    let first = session(&session_names()[0]);
+    let client = client();
+    for f in &first {
+        assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, f.status);
+    }
+    wait_until("the first session delivered", 30, || {
+        count(pg, &url, "SELECT count(*) FROM traces") == first.len()
+    });
+    assert!(tap.terminate().success());
+    // Another replica's rows from three days ago.
+    let old = chrono::Utc::now().timestamp_micros() - 3 * 86_400_000_000;
+    pg.psql(
+        &url,
+        &format!(
+            "INSERT INTO traces (id, replica, trajectory_id, session_key, started_us, head)
+                 SELECT 'old-' || id, 'elsewhere', 'tr_old', 'tr_old', {old}, head FROM traces;
+             INSERT INTO trajectory_parts (trajectory_id, replica, session_key, started_us, ended_us, body)
+                 VALUES ('tr_old', 'elsewhere', 'tr_old', {old}, {old}, '{{}}');
+             INSERT INTO sessions (session_key, started_us, ended_us) VALUES ('tr_old', {old}, {old});"
+        ),
+    );
+    assert_eq!(count(pg, &url, "SELECT count(*) FROM traces"), first.len() * 2);
+
+    // The next start delivers and applies retention there: the old rows go, the new stay.
+    let tap = Llmtap::start(&config, dir.path());
+    let second = session(&session_names()[1]);
+    for f in &second {
+        assert_eq!(send_fixture(&client, &tap, f, &[]).await.status, f.status);
+    }
+    wait_until("old rows deleted by retention", 30, || {
+        count(pg, &url, "SELECT count(*) FROM traces WHERE replica = 'elsewhere'") == 0
+    });
+    wait_until("the second session delivered", 30, || {
+        count(pg, &url, "SELECT count(*) FROM traces") == first.len() + second.len()
+    });
+    assert_eq!(
+        pg.psql(&url, "SELECT count(*) FROM sessions WHERE session_key = 'tr_old'")
+            .trim(),
+        "0"
+    );
+    drop(tap);
+
+    // A database migrated by a newer llmtap is refused, with the versions named.
+    pg.psql(&url, "UPDATE llmtap_schema SET version = 99");
+    let empty = tempfile::tempdir().unwrap();
+    let out = llmtap_command()
+        .args(["sessions", "--store", &url, "--data-dir"])
+        .arg(empty.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("99") && err.contains("newer"), "{err}");
+}
