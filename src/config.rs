@@ -211,6 +211,16 @@ pub struct RawStore {
     pub replica: Option<String>,
 }
 
+/// The URL may hold a password: a config printed for debugging shows it redacted.
+impl std::fmt::Debug for SharedStoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedStoreConfig")
+            .field("url", &redacted_url(&self.url))
+            .field("replica", &self.replica)
+            .finish()
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawDerive {
@@ -386,7 +396,7 @@ pub struct StoreConfig {
 }
 
 /// `[store] url` and `replica`: where this replica delivers its records, and under what name.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SharedStoreConfig {
     /// `postgres://…`; may hold a password, so never logged as is (`store::postgres::redacted`).
     pub url: String,
