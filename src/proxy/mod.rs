@@ -170,6 +170,8 @@ impl Proxy {
     /// Serve connections until `shutdown` fires, then let in-flight exchanges finish for up to the configured
     /// grace; connections still open after it are closed (their exchanges are captured as cut short).
     pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+        // The pipeline's deferral watches this runtime's workers (see `background::cpu::workers`).
+        let _ = crate::background::cpu::workers::watch(&tokio::runtime::Handle::current());
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // hyper applies the header timeout only with a timer. For HTTP/1.1 it also runs while a kept-alive
         // connection waits for its next request, so it bounds idle HTTP/1.1 connections too.
