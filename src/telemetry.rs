@@ -200,7 +200,8 @@ pub struct Metrics {
     logged_process_error: Once,
     /// Store write failures come in episodes (a full disk): see [`Metrics::store_error`].
     store_episode: EpisodeLog,
-    /// Forward-proxy mode (`proxy::intercept`): CONNECT tunnels decrypted, tunnelled blind, refused or failed.
+    /// Forward-proxy mode (`proxy::intercept`): CONNECT tunnels (and plain-HTTP proxy requests) decrypted,
+    /// relayed blind, refused or failed.
     pub forward_intercepted: Counter,
     pub forward_blind: Counter,
     pub forward_blind_bytes: Counter,
@@ -278,12 +279,12 @@ impl Metrics {
         vec![
             (
                 "llmtap_forward_intercepted_total",
-                "CONNECT tunnels to intercept-list hosts, decrypted and captured.",
+                "CONNECT tunnels and plain-HTTP proxy requests to intercept-list hosts, decrypted (tunnels) and captured.",
                 self.forward_intercepted.get(),
             ),
             (
                 "llmtap_forward_blind_total",
-                "CONNECT tunnels to other hosts, relayed without decrypting.",
+                "CONNECT tunnels and plain-HTTP proxy requests to other hosts, relayed without decrypting or capturing.",
                 self.forward_blind.get(),
             ),
             (
@@ -293,7 +294,7 @@ impl Metrics {
             ),
             (
                 "llmtap_forward_refused_total",
-                "CONNECT requests refused (malformed target, or no valid token beyond loopback).",
+                "Proxy requests (CONNECT or plain HTTP) refused (malformed target, or no valid token beyond loopback).",
                 self.forward_refused.get(),
             ),
             (

@@ -796,3 +796,210 @@ async fn websocket_upgrades_on_intercepted_hosts_are_relayed() {
     assert_eq!(t["upstream"], "openai", "{t:#}");
     assert_eq!(t["request"].as_str(), Some("ping\n"), "{t:#}");
 }
+
+/// `HTTP_PROXY` (set by `llmtap run`): plain http:// requests in absolute form. The OpenAI SDK's calls to a host on
+/// the intercept list (`[forward] intercept`) are forwarded with their `Host` and bytes and captured in the run's
+/// session; a host off the list is forwarded, counted and never stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_through_http_proxy_is_captured_on_intercepted_hosts_and_relayed_blind_elsewhere() {
+    let up = Scripted::start_plain().await;
+    let other = Scripted::start_plain().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = upstream_config(
+        &up,
+        &format!(
+            "[forward]\nintercept = [\"llm.internal\"]\n[forward.resolve]\n\"llm.internal\" = \"{}\"\n\"other.internal\" = \"{}\"\n",
+            up.addr, other.addr
+        ),
+    );
+    let tap = Llmtap::start(&config, dir.path());
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/forward_plain_http.py");
+    let mut cmd = run_command(&tap, &config, &["--session", "fwd-plain", "--"]);
+    cmd.arg(python())
+        .arg(script)
+        .args(["llm.internal", "other.internal"])
+        .env_remove("OPENAI_BASE_URL")
+        .env("OPENAI_API_KEY", "sk-test-PLAINSECRET-openai");
+    let run = run_client(cmd, 60).await;
+    let r: Value =
+        serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {} {}", run.stdout, run.stderr));
+    assert_eq!(r["openai_chat"]["content"], SCRIPTED_TEXT);
+    assert_eq!(r["openai_stream"]["text"], SCRIPTED_TEXT);
+    assert_eq!(r["blind"]["status"], 200);
+
+    // The upstream saw the client's own Host, and no proxy credentials.
+    let received = up.received();
+    assert_eq!(received.len(), 2, "{}", up.dump());
+    for rec in &received {
+        assert_eq!(rec.headers.get("host").unwrap(), "llm.internal");
+        assert!(rec.headers.get("proxy-authorization").is_none());
+        assert_eq!(rec.path, "/v1/chat/completions");
+    }
+    // Bytes unchanged both ways, usage exact, in the run's session, the real host recorded.
+    let traces = up.assert_captured(&tap);
+    assert_eq!(traces.len(), 2);
+    for t in &traces {
+        assert_eq!(t["api"], "openai.chat", "{t:#}");
+        assert_eq!(t["upstream"], "llm.internal", "{t:#}");
+        assert_eq!(t["session_id"], "fwd-plain", "{t:#}");
+        assert_eq!(t["headers"]["request"]["host"], "llm.internal");
+    }
+    // The host off the list: forwarded byte for byte, counted, not captured.
+    let sent = other.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(r["blind"]["body"].as_str().unwrap().as_bytes(), sent[0].body.as_slice());
+    assert_eq!(other.received()[0].headers.get("host").unwrap(), "other.internal");
+    assert_eq!(tap.metric("llmtap_forward_intercepted_total"), 2);
+    assert_eq!(tap.metric("llmtap_forward_blind_total"), 1);
+    tap.wait_settled();
+    assert_eq!(
+        tap.export("provider-traces", &[]).len(),
+        2,
+        "the blind call is not stored"
+    );
+    assert_eq!(files_containing(&tap.data_dir, "PLAINSECRET"), Vec::<PathBuf>::new());
+}
+
+/// Raw absolute-form requests on loopback: an http:// request line is forwarded without credentials (the same
+/// trust as base-URL mode; beyond loopback the token rule is CONNECT's, see the unit tests of `intercept`), an
+/// https:// one is refused (clients send CONNECT for those) and counted, and base-URL requests still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absolute_form_requests_on_the_proxy_port() {
+    let up = Scripted::start_plain().await;
+    let resolve = format!(
+        "[forward]\nintercept = [\"llm.internal\"]\n[forward.resolve]\n\"llm.internal\" = \"{}\"\n",
+        up.addr
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, &resolve), dir.path());
+    let body = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+    let send = |uri: &'static str| {
+        let proxy = tap.addr;
+        async move {
+            let mut tcp = TcpStream::connect(proxy).await.unwrap();
+            let req = format!(
+                "POST {uri} HTTP/1.1\r\nHost: llm.internal\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            tcp.write_all(req.as_bytes()).await.unwrap();
+            read_head(&mut tcp).await
+        }
+    };
+    let status = |head: &str| head.split(' ').nth(1).unwrap_or_default().to_owned();
+    let head = send("http://llm.internal/v1/chat/completions").await;
+    assert_eq!(status(&head), "200", "{head}");
+    let head = send("https://llm.internal/v1/chat/completions").await;
+    assert_eq!(status(&head), "400", "{head}");
+    assert_eq!(up.received().len(), 1, "only the http:// request reached the upstream");
+    assert_eq!(tap.metric("llmtap_forward_refused_total"), 1);
+    assert_eq!(tap.metric("llmtap_forward_intercepted_total"), 1);
+    assert_eq!(up.assert_captured(&tap).len(), 1);
+}
+
+/// A tunnel is the client connection it came on: it keeps that connection's slot under `max_connections`, so
+/// another client waits until it closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intercepted_tunnel_counts_against_max_connections() {
+    let up = Upstream::start(ReplayOptions {
+        event_delay: std::time::Duration::from_millis(20),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&forward_config(&up, "[server]\nmax_connections = 1\n"), dir.path());
+    let (status, _, tcp) = connect(tap.addr, "api.openai.com:443", "").await;
+    assert_eq!(status, 200);
+    let tls = tls_connector(&[&ca_path(dir.path())])
+        .connect("api.openai.com".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let stream_req = || {
+        http::Request::post("/v1/chat/completions")
+            .header("host", "api.openai.com")
+            .header("x-replay-scenario", "slow-stream")
+            .body(Full::new(Bytes::from_static(
+                br#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"count"}]}"#,
+            )))
+            .unwrap()
+    };
+    let first = sender.send_request(stream_req()).await.unwrap();
+    assert_eq!(first.status(), 200);
+    first.into_body().collect().await.unwrap();
+
+    // Another client while the tunnel is open: it waits in the backlog.
+    let healthz = tokio::spawn({
+        let url = tap.url("/healthz");
+        async move { client().get(url.parse().unwrap()).await.map(|r| r.status().as_u16()) }
+    });
+    // A whole stream through the tunnel (~0.8 s of events) while the other client waits.
+    sender.ready().await.unwrap();
+    let second = sender.send_request(stream_req()).await.unwrap();
+    let text = second.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&text).contains("[DONE]"));
+    assert!(!healthz.is_finished(), "the tunnel holds the only connection slot");
+
+    // The tunnel closes: its slot goes to the waiting client.
+    drop(sender);
+    let _ = conn.await;
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(10), healthz).await;
+    assert_eq!(answered.expect("served once the tunnel closed").unwrap().unwrap(), 200);
+}
+
+/// SIGTERM drains an intercepted tunnel as it drains a base-URL connection: a stream in flight through it
+/// finishes, is captured complete, and llmtap then exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_stream_in_flight_through_a_tunnel_finish() {
+    let up = Upstream::start(ReplayOptions {
+        event_delay: std::time::Duration::from_millis(50),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut tap = Llmtap::start(&forward_config(&up, ""), dir.path());
+    let (status, _, tcp) = connect(tap.addr, "api.openai.com:443", "").await;
+    assert_eq!(status, 200);
+    let tls = tls_connector(&[&ca_path(dir.path())])
+        .connect("api.openai.com".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post("/v1/chat/completions")
+        .header("host", "api.openai.com")
+        .header("x-replay-scenario", "slow-stream")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"count"}]}"#,
+        )))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert!(first.starts_with(b"data: "));
+    // Shut down while the stream is in flight (it has ~2 s to go).
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(tap.pid().to_string())
+        .status()
+        .unwrap();
+    let rest = body
+        .collect()
+        .await
+        .expect("the stream completes after SIGTERM")
+        .to_bytes();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.contains("tok39") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(tap.terminate().success());
+    let out = llmtap_command()
+        .args(["export", "--format", "provider-traces", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let traces: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(traces.len(), 1, "{traces:#?}");
+    assert_eq!(traces[0]["outcome"], "complete");
+    assert_eq!(traces[0]["upstream"], "api.openai.com");
+}

@@ -1,6 +1,7 @@
 //! Where the machine's CPU goes, sampled between two moments: the whole machine, llmtap's background threads
 //! (every thread that called [`super::run_in_background`]), and the rest of llmtap (the proxy's workers, the
-//! capture spill). The pipeline's deferral ([`super::deferral`]) decides on these shares.
+//! capture spill). The pipeline's deferral ([`super::deferral`]) decides on these shares, and on how busy the
+//! proxy's runtime workers were ([`workers`]): a CPU share says what the data path got, not what it wanted.
 //!
 //! Linux only (`/proc/stat` and per-thread CPU clocks); elsewhere [`Reading::now`] is `None` and nothing defers.
 
@@ -15,6 +16,12 @@ pub struct Shares {
     pub background: f64,
     /// The rest of llmtap: the proxy's workers and the capture spill.
     pub data_path: f64,
+    /// The fraction of the wall time the proxy's runtime workers had work (0 when no runtime is watched). Unlike
+    /// `data_path`, it does not drop when other threads take the CPU from the workers: a worker preempted while
+    /// it has tasks to run is still busy. On 2 cores the background threads' own work pushed the forward
+    /// mode's saturated data path from ~0.4 of the machine down to ~0.25, below `DATA_PATH_BUSY`, so that the
+    /// CPU share alone let them go on working through the load.
+    pub workers_busy: f64,
 }
 
 /// One moment's counters.
@@ -28,6 +35,8 @@ pub struct Reading {
     process_ns: u64,
     /// Each background thread's CPU time, by its clock.
     background_ns: Vec<(ClockId, u64)>,
+    /// The watched runtime's workers: (their busy time summed, how many).
+    workers: Option<(u64, usize)>,
 }
 
 impl Reading {
@@ -45,6 +54,7 @@ impl Reading {
                 .into_iter()
                 .filter_map(|clock| Some((clock, clock_ns(clock)?)))
                 .collect(),
+            workers: workers::busy_ns(),
         })
     }
 
@@ -79,10 +89,22 @@ impl Reading {
                 0.0
             }
         };
+        let workers_busy = match (self.workers, earlier.workers) {
+            (Some((now, n)), Some((before, m))) if n == m && n > 0 => {
+                let wall_ns = self.at.duration_since(earlier.at).as_nanos() as f64 * n as f64;
+                if wall_ns > 0.0 {
+                    (now.saturating_sub(before) as f64 / wall_ns).min(1.0)
+                } else {
+                    0.0
+                }
+            }
+            _ => 0.0,
+        };
         Shares {
             machine: if busy + idle > 0.0 { busy / (busy + idle) } else { 0.0 },
             background: share(background_ns),
             data_path: share(process_ns.saturating_sub(background_ns)),
+            workers_busy,
         }
     }
 }
@@ -123,6 +145,30 @@ fn clock_ns(clock: ClockId) -> Option<u64> {
         return None;
     }
     Some(u64::try_from(t.tv_sec).ok()? * 1_000_000_000 + u64::try_from(t.tv_nsec).ok()?)
+}
+
+/// The proxy's runtime, whose workers' busy time every reading takes (tokio counts a worker busy from the moment
+/// it has tasks to run until it has none left, preempted or not).
+pub mod workers {
+    use std::sync::OnceLock;
+
+    static RUNTIME: OnceLock<tokio::runtime::RuntimeMetrics> = OnceLock::new();
+
+    /// Watch this runtime's workers (the first call wins: one proxy runtime per process). Whether this runtime
+    /// is the one watched.
+    pub fn watch(runtime: &tokio::runtime::Handle) -> bool {
+        RUNTIME.set(runtime.metrics()).is_ok()
+    }
+
+    /// (busy time of every worker summed, in ns; the number of workers).
+    pub(super) fn busy_ns() -> Option<(u64, usize)> {
+        let metrics = RUNTIME.get()?;
+        let n = metrics.num_workers();
+        let total = (0..n)
+            .map(|w| u64::try_from(metrics.worker_total_busy_duration(w).as_nanos()).unwrap_or(u64::MAX))
+            .fold(0u64, u64::saturating_add);
+        Some((total, n))
+    }
 }
 
 /// The background threads' CPU clocks. A thread registers once, the first time it calls `run_in_background`,
@@ -189,6 +235,34 @@ mod tests {
         assert_eq!(parse_proc_stat(stat), Some((100 + 5 + 50 + 3 + 2 + 10, 800 + 20, 2)));
         assert_eq!(parse_proc_stat("intr 1\n"), None);
         assert_eq!(parse_proc_stat("cpu  1 x 3\n"), None);
+    }
+
+    /// A worker of the watched runtime running a task counts as busy for that time, whether or not it got the CPU.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_watched_runtime_s_busy_worker_shows_in_workers_busy() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        if !workers::watch(rt.handle()) {
+            return; // another runtime of this test process is watched
+        }
+        let before = Reading::now().unwrap();
+        rt.block_on(async {
+            tokio::spawn(async {
+                let start = Instant::now();
+                while start.elapsed() < std::time::Duration::from_millis(150) {
+                    std::hint::spin_loop();
+                }
+            })
+            .await
+            .unwrap()
+        });
+        let shares = Reading::now().unwrap().since(&before);
+        assert!(shares.workers_busy > 0.3, "{shares:?}");
+        assert!(shares.workers_busy <= 1.0, "{shares:?}");
     }
 
     #[cfg(target_os = "linux")]

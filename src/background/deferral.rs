@@ -10,7 +10,9 @@
 //!
 //! [`Deferral`] decides once per sampling window, from the CPU shares of the window ([`super::cpu`]):
 //! - **working → waiting** when the machine was full (≥ [`MACHINE_FULL`], background work included) and the
-//!   data path used at least [`DATA_PATH_BUSY`] of it. A full machine alone is not enough: with a backlog the
+//!   data path was busy: it used at least [`DATA_PATH_BUSY`] of the machine, or the proxy's runtime workers had
+//!   work at least [`WORKERS_BUSY`] of the time (the share drops when the background threads take CPU from the
+//!   workers, the busy time does not). A full machine alone is not enough: with a backlog the
 //!   background threads fill every idle cycle themselves, and another program keeping the machine busy is no
 //!   reason to stop showing the agent's calls.
 //! - **waiting → waiting** for the first [`PROBE_WINDOWS`], then while the machine, the background threads'
@@ -42,6 +44,9 @@ pub const PROBE_WINDOWS: u32 = 2;
 /// saturation, ~0.2 at 10k exchanges/s (where the background threads, working at their own limit, fill the
 /// machine and a wait would only make them fall behind).
 pub const DATA_PATH_BUSY: f64 = 0.3;
+/// The proxy's runtime workers busy for at least this fraction of the wall time also counts as a busy data path
+/// (`Shares::workers_busy`): it holds while the background threads squeeze the workers' CPU share.
+pub const WORKERS_BUSY: f64 = 0.45;
 /// How long the first probe after a wait that found room is held back.
 pub const MIN_BACKOFF: Duration = Duration::from_secs(1);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(16);
@@ -72,7 +77,7 @@ impl Deferral {
     /// Whether to wait through the next window, given the last window's shares. `room`: waiting cannot
     /// lose anything (the spill can take what arrives meanwhile).
     pub fn decide(&mut self, shares: Shares, room: bool, now: Instant) -> bool {
-        let data_path_busy = shares.data_path >= DATA_PATH_BUSY;
+        let data_path_busy = data_path_busy(&shares);
         if !room || !data_path_busy {
             self.stop_waiting(now);
             return false;
@@ -98,7 +103,7 @@ impl Deferral {
     /// is the one for a wait under way: the rest of the machine mostly busy and the data path busy. A look that
     /// finds room leaves the probe back-off as it was: it probed nothing.
     pub fn decide_after_look(&mut self, shares: Shares, room: bool) -> bool {
-        let full = shares.data_path >= DATA_PATH_BUSY && shares.machine - shares.background >= OTHERS_FULL;
+        let full = data_path_busy(&shares) && shares.machine - shares.background >= OTHERS_FULL;
         if room && full {
             // Past the probe windows: when the load ends, the wait counts as one that found the data path busy.
             self.waited = PROBE_WINDOWS + 1;
@@ -117,6 +122,11 @@ impl Deferral {
     }
 }
 
+/// The data path used a large share of the machine, or its workers had work most of the time.
+fn data_path_busy(shares: &Shares) -> bool {
+    shares.data_path >= DATA_PATH_BUSY || shares.workers_busy >= WORKERS_BUSY
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +137,7 @@ mod tests {
             machine,
             background,
             data_path,
+            workers_busy: 0.0,
         }
     }
 
@@ -182,6 +193,33 @@ mod tests {
         assert!(!d.decide_after_look(SATURATED_WAITING, false), "no room in the spill");
         assert!(!d.waiting());
         assert!(d.decide(SATURATED_WORKING, true, now), "no back-off");
+    }
+
+    /// The forward mode's saturated data path on 2 cores: the background threads squeeze its CPU share below
+    /// `DATA_PATH_BUSY`, but its workers are busy nearly all the time.
+    #[test]
+    fn busy_workers_count_as_a_busy_data_path_when_their_share_is_squeezed() {
+        let squeezed = Shares {
+            workers_busy: 0.9,
+            ..shares(0.98, 0.2, 0.25)
+        };
+        let mut d = Deferral::default();
+        let now = Instant::now();
+        assert!(
+            !d.decide(shares(0.98, 0.2, 0.25), true, now),
+            "the share alone is below the bar"
+        );
+        assert!(d.decide(squeezed, true, now));
+        assert!(d.decide_after_look(squeezed, true));
+        let paced = Shares {
+            workers_busy: 0.3,
+            ..shares(1.0, 0.6, 0.2)
+        };
+        let mut d = Deferral::default();
+        assert!(
+            !d.decide(paced, true, now),
+            "paced traffic with room to spare: the background keeps up"
+        );
     }
 
     #[test]

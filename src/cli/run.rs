@@ -86,7 +86,8 @@ pub fn child_env(
     }
     let bypass = bypass.join(",");
     let mut env = Vec::new();
-    for name in ["HTTPS_PROXY", "https_proxy"] {
+    // Plain http:// calls come through too (llmtap serves the absolute form): captured on an intercepted host.
+    for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
         env.push((name.to_owned(), url.clone()));
     }
     for name in ["NO_PROXY", "no_proxy"] {
@@ -173,6 +174,7 @@ mod tests {
         );
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("HTTPS_PROXY"), Some("http://run-1:llmtap@127.0.0.1:8787"));
+        assert_eq!(get("HTTP_PROXY"), Some("http://run-1:llmtap@127.0.0.1:8787"));
         assert_eq!(get("NO_PROXY"), Some("localhost,127.0.0.1,::1,corp.example"));
         assert_eq!(get("NODE_EXTRA_CA_CERTS"), Some("/d/ca/llmtap-ca.pem"));
         assert_eq!(get("SSL_CERT_FILE"), Some("/d/ca/bundle.pem"));

@@ -170,6 +170,8 @@ impl Proxy {
     /// Serve connections until `shutdown` fires, then let in-flight exchanges finish for up to the configured
     /// grace; connections still open after it are closed (their exchanges are captured as cut short).
     pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+        // The pipeline's deferral watches this runtime's workers (see `background::cpu::workers`).
+        let _ = crate::background::cpu::workers::watch(&tokio::runtime::Handle::current());
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // hyper applies the header timeout only with a timer. For HTTP/1.1 it also runs while a kept-alive
         // connection waits for its next request, so it bounds idle HTTP/1.1 connections too.
@@ -243,15 +245,24 @@ impl Proxy {
                 }
             };
             let _ = stream.set_nodelay(true);
+            let scope = ConnScope {
+                slot: Arc::new(slot),
+                tasks: connections.clone(),
+                drain: shutdown.clone(),
+                force: force_close.clone(),
+            };
             let activity = ConnActivity::new();
             let proxy = self.clone();
             let service_activity = activity.clone();
+            let service_scope = scope.clone();
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let active = service_activity.begin();
+                // Only a CONNECT takes the connection's scope (its tunnel goes on in the connection's place).
+                let scope = (req.method() == http::Method::CONNECT).then(|| service_scope.clone());
                 let req = req.map(|body| ClientBody::new(body, service_activity.clone()));
                 let proxy = proxy.clone();
                 async move {
-                    let resp = proxy.handle(req).await?;
+                    let resp = proxy.handle(req, scope).await?;
                     Ok::<_, Infallible>(resp.map(|body| GuardedBody::new(body, active)))
                 }
             });
@@ -259,32 +270,10 @@ impl Proxy {
             let conn = builder
                 .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .into_owned();
-            let idle = self.server.idle_timeout;
-            let (read, send) = (self.server.body_read_timeout, self.server.send_timeout);
-            let (drain, force) = (shutdown.clone(), force_close.clone());
-            let watcher = {
-                let (activity, force, metrics) = (activity.clone(), force.clone(), self.metrics.clone());
-                Box::pin(async move {
-                    tokio::select! {
-                        _ = activity.idle_for(idle) => Stop::Idle,
-                        stall = activity.stalled(read, send) => stalled(&metrics, stall),
-                        _ = drain.cancelled() => Stop::Drain,
-                        _ = force.cancelled() => Stop::Close,
-                    }
-                })
-            };
-            let metrics = self.metrics.clone();
-            let draining = Box::pin(async move {
-                tokio::select! {
-                    _ = activity.idle_for(idle) => Stop::Idle,
-                    stall = activity.stalled(read, send) => stalled(&metrics, stall),
-                    _ = force.cancelled() => Stop::Close,
-                }
-            });
             // Draining: HTTP/1.1 finishes the request in flight and closes, HTTP/2 sends GOAWAY.
-            let supervised = Supervised::new(conn, watcher, draining, |conn: Pin<&mut _>| conn.graceful_shutdown());
+            let supervised = self.supervise(conn, activity, &scope, |conn: Pin<&mut _>| conn.graceful_shutdown());
             connections.spawn(async move {
-                let _slot = slot;
+                let _slot = scope.slot;
                 supervised.await;
             });
         }
@@ -304,9 +293,48 @@ impl Proxy {
         let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
     }
 
-    async fn handle(self: Arc<Self>, req: Request<ClientBody<Incoming>>) -> Result<Response<ProxyBody>, Infallible> {
-        if req.method() == http::Method::CONNECT {
-            return Ok(intercept::connect(&self, req).await);
+    /// A client connection under its watchers: closed when idle or stalled, drained (`drain` called on it) when
+    /// shutdown begins, closed when the grace is over. One place for base-URL connections and the forward mode's
+    /// intercepted ones.
+    fn supervise<C, F>(&self, conn: C, activity: Arc<ConnActivity>, scope: &ConnScope, drain: F) -> Supervised<C, F>
+    where
+        F: FnMut(Pin<&mut C>),
+    {
+        let idle = self.server.idle_timeout;
+        let (read, send) = (self.server.body_read_timeout, self.server.send_timeout);
+        let (draining, force) = (scope.drain.clone(), scope.force.clone());
+        let watcher = {
+            let (activity, force, metrics) = (activity.clone(), force.clone(), self.metrics.clone());
+            Box::pin(async move {
+                tokio::select! {
+                    _ = activity.idle_for(idle) => Stop::Idle,
+                    stall = activity.stalled(read, send) => stalled(&metrics, stall),
+                    _ = draining.cancelled() => Stop::Drain,
+                    _ = force.cancelled() => Stop::Close,
+                }
+            })
+        };
+        let metrics = self.metrics.clone();
+        let after_drain = Box::pin(async move {
+            tokio::select! {
+                _ = activity.idle_for(idle) => Stop::Idle,
+                stall = activity.stalled(read, send) => stalled(&metrics, stall),
+                _ = force.cancelled() => Stop::Close,
+            }
+        });
+        Supervised::new(conn, watcher, after_drain, drain)
+    }
+
+    async fn handle(
+        self: Arc<Self>,
+        req: Request<ClientBody<Incoming>>,
+        scope: Option<ConnScope>,
+    ) -> Result<Response<ProxyBody>, Infallible> {
+        if let Some(scope) = scope {
+            return Ok(intercept::connect(&self, req, scope).await);
+        }
+        if intercept::is_absolute_form(&req) {
+            return Ok(intercept::plain_request(&self, req).await);
         }
         if let Some(resp) = self.builtin_endpoint(&req) {
             return Ok(resp);
@@ -473,6 +501,17 @@ impl Proxy {
         }
         Ok(Response::from_parts(parts, Either::Left(body)))
     }
+}
+
+/// What a client connection's task holds from the accept loop: its slot under `server.max_connections`, the
+/// task tracker shutdown waits on, and shutdown's drain and force-close signals. A CONNECT's tunnel takes them
+/// over when hyper hands it the connection, so a tunnel counts as the connection it is and drains with the rest.
+#[derive(Clone)]
+struct ConnScope {
+    slot: Arc<tokio::sync::OwnedSemaphorePermit>,
+    tasks: tokio_util::task::TaskTracker,
+    drain: CancellationToken,
+    force: CancellationToken,
 }
 
 /// A stalled client's connection is closed: counted, and logged at debug level (a client's doing, not llmtap's).

@@ -6,11 +6,16 @@
 //! (its `Host`, path and bytes), and captured with the same taps and adapters ([`relay`]). Any other target is
 //! a blind byte tunnel: connected, relayed, counted, never decrypted or stored.
 //!
-//! The same port serves both modes: a CONNECT request is the only thing base-URL mode never receives, so one
-//! address covers `ANTHROPIC_BASE_URL` and `HTTPS_PROXY` alike, and the listening limits apply to both.
+//! Plain HTTP through the proxy (`HTTP_PROXY`: `GET http://host/path HTTP/1.1`, the absolute form) is served
+//! by [`plain`]: forwarded to the named host, captured when the host is on the intercept list.
+//!
+//! The same port serves both modes: a CONNECT request or an absolute-form URI is what base-URL mode never
+//! receives, so one address covers `ANTHROPIC_BASE_URL`, `HTTPS_PROXY` and `HTTP_PROXY` alike, and the
+//! listening limits apply to all.
 
 pub mod ca;
 pub mod hosts;
+mod plain;
 mod relay;
 pub mod upstream;
 mod websocket;
@@ -30,10 +35,11 @@ use hyper_util::server::conn::auto;
 use subtle::ConstantTimeEq;
 
 use super::forward::TlsSetupError;
-use super::{Proxy, ProxyBody};
+use super::{ConnScope, Proxy, ProxyBody};
 use crate::config::{ApiToken, Config};
 use crate::telemetry::{EpisodeLog, EpisodeReport};
 use hosts::{InterceptList, Intercepted};
+pub(super) use plain::{is_absolute_form, plain_request};
 use upstream::{InterceptClients, Resolver};
 
 /// The proxy-credential user name that carries no session (`http://llmtap:<token>@host:port`).
@@ -135,22 +141,37 @@ struct Target {
 enum Refusal {
     #[error("CONNECT needs a host:port target, got {0:?}")]
     BadTarget(String),
-    #[error("CONNECT beyond loopback needs the [api] token as the proxy password")]
+    #[error("a plain-HTTP proxy request needs an http://host[:port] URI, got {0:?}")]
+    BadUri(String),
+    #[error("proxying beyond loopback needs the [api] token as the proxy password")]
     NoCredentials,
     #[error("the proxy credentials are not valid")]
     BadCredentials,
-    #[error("CONNECT is refused: llmtap listens beyond loopback without an [api] token (it would be an open proxy)")]
+    #[error("proxying is refused: llmtap listens beyond loopback without an [api] token (it would be an open proxy)")]
     Closed,
 }
 
 impl Refusal {
     fn status(&self) -> StatusCode {
         match self {
-            Refusal::BadTarget(_) => StatusCode::BAD_REQUEST,
+            Refusal::BadTarget(_) | Refusal::BadUri(_) => StatusCode::BAD_REQUEST,
             Refusal::NoCredentials | Refusal::BadCredentials => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Refusal::Closed => StatusCode::FORBIDDEN,
         }
     }
+}
+
+/// A refused proxy request's answer (407 carries the challenge), counted.
+fn refused(proxy: &Proxy, refusal: &Refusal) -> Response<ProxyBody> {
+    proxy.metrics.forward_refused.inc();
+    let mut resp = answer(refusal.status(), "llmtap_proxy_refused", &refusal.to_string());
+    if refusal.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        resp.headers_mut().insert(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"llmtap\""),
+        );
+    }
+    resp
 }
 
 fn answer(status: StatusCode, kind: &str, message: &str) -> Response<ProxyBody> {
@@ -164,6 +185,21 @@ fn answer(status: StatusCode, kind: &str, message: &str) -> Response<ProxyBody> 
 
 impl Interceptor {
     fn target(&self, uri: &http::Uri, headers: &http::HeaderMap) -> Result<Target, Refusal> {
+        let session = self.authorize(headers)?;
+        let authority = uri.authority();
+        let (host, port) = match authority.map(|a| (a.host(), a.port_u16())) {
+            Some((host, Some(port))) if !host.is_empty() && uri.path_and_query().is_none() => (host, port),
+            _ => return Err(Refusal::BadTarget(uri.to_string())),
+        };
+        Ok(Target {
+            host: host.trim_matches(['[', ']']).to_ascii_lowercase(),
+            port,
+            session,
+        })
+    }
+
+    /// The access rule for every proxy request (CONNECT or plain HTTP), and the session its credentials name.
+    fn authorize(&self, headers: &http::HeaderMap) -> Result<Option<String>, Refusal> {
         let (user, password) = proxy_credentials(headers);
         match &self.access {
             Access::Open => {}
@@ -176,16 +212,7 @@ impl Interceptor {
                 Some(_) => {}
             },
         }
-        let authority = uri.authority();
-        let (host, port) = match authority.map(|a| (a.host(), a.port_u16())) {
-            Some((host, Some(port))) if !host.is_empty() && uri.path_and_query().is_none() => (host, port),
-            _ => return Err(Refusal::BadTarget(uri.to_string())),
-        };
-        Ok(Target {
-            host: host.trim_matches(['[', ']']).to_ascii_lowercase(),
-            port,
-            session: user.filter(|u| !u.is_empty() && u != PLAIN_USER),
-        })
+        Ok(user.filter(|u| !u.is_empty() && u != PLAIN_USER))
     }
 }
 
@@ -219,22 +246,13 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// Answers a CONNECT: refused, 502 (a blind target that cannot be reached), or 200 with the tunnel spawned
-/// to run once hyper hands the connection over.
-pub(super) async fn connect<B>(proxy: &Arc<Proxy>, mut req: Request<B>) -> Response<ProxyBody> {
+/// to run once hyper hands the connection over. The tunnel takes over the connection's `scope`: it keeps its
+/// slot under `max_connections` and is drained at shutdown like any client connection.
+pub(super) async fn connect<B>(proxy: &Arc<Proxy>, mut req: Request<B>, scope: ConnScope) -> Response<ProxyBody> {
     let interceptor = &proxy.intercept;
     let target = match interceptor.target(req.uri(), req.headers()) {
         Ok(t) => t,
-        Err(refusal) => {
-            proxy.metrics.forward_refused.inc();
-            let mut resp = answer(refusal.status(), "llmtap_connect_refused", &refusal.to_string());
-            if refusal.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
-                resp.headers_mut().insert(
-                    header::PROXY_AUTHENTICATE,
-                    HeaderValue::from_static("Basic realm=\"llmtap\""),
-                );
-            }
-            return resp;
-        }
+        Err(refusal) => return refused(proxy, &refusal),
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
     let intercepted = interceptor
@@ -255,9 +273,11 @@ pub(super) async fn connect<B>(proxy: &Arc<Proxy>, mut req: Request<B>) -> Respo
         Some((intercepted, ca)) => {
             proxy.metrics.forward_intercepted.inc();
             let proxy = proxy.clone();
-            tokio::spawn(async move {
+            scope.tasks.clone().spawn(async move {
                 match on_upgrade.await {
-                    Ok(upgraded) => serve_intercepted(proxy, TokioIo::new(upgraded), target, intercepted, ca).await,
+                    Ok(upgraded) => {
+                        serve_intercepted(proxy, TokioIo::new(upgraded), target, intercepted, ca, scope).await
+                    }
                     Err(error) => tracing::debug!(%error, "CONNECT upgrade failed"),
                 }
             });
@@ -278,12 +298,21 @@ pub(super) async fn connect<B>(proxy: &Arc<Proxy>, mut req: Request<B>) -> Respo
             interceptor.connect_log.success_if_settled();
             proxy.metrics.forward_blind.inc();
             let metrics = proxy.metrics.clone();
+            // A blind tunnel keeps the connection's slot, but shutdown does not wait for it: nothing in its
+            // bytes says when a request is over, so it stays open while the captured exchanges drain and
+            // closes with the last connections (at the latest when the grace is over).
             tokio::spawn(async move {
+                let _slot = scope.slot;
                 let Ok(upgraded) = on_upgrade.await else { return };
                 let mut client = TokioIo::new(upgraded);
                 let mut upstream = upstream;
-                if let Ok((up, down)) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-                    metrics.forward_blind_bytes.add(up + down);
+                tokio::select! {
+                    copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+                        if let Ok((up, down)) = copied {
+                            metrics.forward_blind_bytes.add(up + down);
+                        }
+                    }
+                    _ = scope.force.cancelled() => {}
                 }
             });
             Response::new(Either::Right(Full::new(Bytes::new())))
@@ -312,6 +341,7 @@ async fn serve_intercepted(
     target: Target,
     intercepted: Intercepted,
     ca: Arc<ca::Ca>,
+    scope: ConnScope,
 ) {
     let interceptor = &proxy.intercept;
     let config = match ca.server_config(&target.host) {
@@ -342,14 +372,23 @@ async fn serve_intercepted(
             return;
         }
     };
-    let tunnel = Arc::new(relay::Tunnel::new(proxy.clone(), target, intercepted));
-    // The bodies are counted as base-URL mode's are; no watcher closes a tunnel's stalled body (yet): the
-    // tunnel's own connection outlives the CONNECT's, see docs/architecture.md.
+    let tunnel = Arc::new(relay::Tunnel::new(
+        proxy.clone(),
+        target,
+        Some(intercepted),
+        http::uri::Scheme::HTTPS,
+    ));
+    // The decrypted connection is watched as a base-URL connection is (idle, stalled bodies, shutdown).
     let activity = super::limits::ConnActivity::new();
+    let service_activity = activity.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let tunnel = tunnel.clone();
-        let req = req.map(|body| super::limits::ClientBody::new(body, activity.clone()));
-        async move { Ok::<_, std::convert::Infallible>(tunnel.handle(req).await) }
+        let active = service_activity.begin();
+        let req = req.map(|body| super::limits::ClientBody::new(body, service_activity.clone()));
+        async move {
+            let resp = tunnel.handle(req).await;
+            Ok::<_, std::convert::Infallible>(resp.map(|body| super::limits::GuardedBody::new(body, active)))
+        }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -361,9 +400,13 @@ async fn serve_intercepted(
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
-    if let Err(error) = builder.serve_connection_with_upgrades(TokioIo::new(tls), service).await {
-        tracing::debug!(%error, "Intercepted connection ended with an error");
-    }
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+    // Draining: HTTP/1.1 finishes the exchange in flight (a stream included) and closes, HTTP/2 sends GOAWAY.
+    proxy
+        .supervise(conn, activity, &scope, |conn: std::pin::Pin<&mut _>| {
+            conn.graceful_shutdown()
+        })
+        .await;
 }
 
 /// Where `llmtap run` and docs point clients: the proxy URL with optional session and token.
@@ -446,6 +489,14 @@ mod tests {
         let mut bearer = http::HeaderMap::new();
         bearer.insert(header::PROXY_AUTHORIZATION, "Bearer s3cret".parse().unwrap());
         assert!(guarded.target(&uri, &bearer).is_ok());
+
+        // The plain-HTTP forward proxy (absolute form) goes by the same rule.
+        assert!(matches!(closed.authorize(&none), Err(Refusal::Closed)));
+        assert!(matches!(guarded.authorize(&none), Err(Refusal::NoCredentials)));
+        assert_eq!(
+            guarded.authorize(&basic("run-3:s3cret")).unwrap().as_deref(),
+            Some("run-3")
+        );
 
         for bad in ["api.openai.com", "/v1/chat"] {
             let uri: http::Uri = bad.parse().unwrap();

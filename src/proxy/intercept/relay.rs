@@ -1,6 +1,7 @@
-//! One decrypted request inside an intercepted tunnel: forwarded to the real host with its `Host`, path and
-//! bytes unchanged, and captured with the same taps, redaction and hand-off as base-URL mode
-//! (`Proxy::forward`); only the routing differs (the target is the CONNECT host, not a path prefix).
+//! One decrypted request inside an intercepted tunnel (or one plain-HTTP request sent to llmtap as a forward
+//! proxy): forwarded to the real host with its `Host`, path and bytes unchanged, and captured with the same taps,
+//! redaction and hand-off as base-URL mode (`Proxy::forward`); only the routing differs (the target is the
+//! CONNECT host or the request's absolute URI, not a path prefix).
 
 use std::sync::Arc;
 
@@ -27,12 +28,16 @@ pub struct Tunnel {
     /// the host itself.
     label: Arc<str>,
     session: Option<String>,
-    intercepted: Intercepted,
+    /// None: a host off the intercept list (plain HTTP only; a CONNECT to one is a blind byte tunnel).
+    intercepted: Option<Intercepted>,
+    /// `https` inside a CONNECT tunnel, `http` for a plain-HTTP proxy request.
+    scheme: Scheme,
 }
 
 impl Tunnel {
-    pub fn new(proxy: Arc<Proxy>, target: Target, intercepted: Intercepted) -> Tunnel {
-        let text = if target.port == 443 {
+    pub fn new(proxy: Arc<Proxy>, target: Target, intercepted: Option<Intercepted>, scheme: Scheme) -> Tunnel {
+        let default_port = if scheme == Scheme::HTTP { 80 } else { 443 };
+        let text = if target.port == default_port {
             target.host.clone()
         } else if target.host.contains(':') {
             format!("[{}]:{}", target.host, target.port)
@@ -53,6 +58,7 @@ impl Tunnel {
             label,
             session: target.session,
             intercepted,
+            scheme,
         }
     }
 
@@ -63,10 +69,14 @@ impl Tunnel {
         }
     }
 
+    fn api_for(&self, path: &str) -> Option<crate::capture::Api> {
+        self.intercepted.as_ref().and_then(|i| i.api_for(path))
+    }
+
     fn upstream_uri(&self, req: &Request<ClientBody<Incoming>>) -> Result<Uri, ProxyError> {
         let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
         Uri::builder()
-            .scheme(Scheme::HTTPS)
+            .scheme(self.scheme.clone())
             .authority(self.authority.clone())
             .path_and_query(pq)
             .build()
@@ -81,11 +91,11 @@ impl Tunnel {
             let origin = websocket::SocketOrigin {
                 upstream: self.label.clone(),
                 session: self.session.clone(),
-                captured: self.intercepted.api_for(req.uri().path()).is_some(),
+                captured: self.api_for(req.uri().path()).is_some(),
             };
             return websocket::relay(proxy, clients.websocket_for(&self.host), req, uri, origin).await;
         }
-        let api = self.intercepted.api_for(req.uri().path());
+        let api = self.api_for(req.uri().path());
         let capture = proxy.capture.as_ref().filter(|_| api.is_some());
         let start = capture.is_some().then(now_micros).unwrap_or_default();
         let (mut parts, body) = req.into_parts();
