@@ -796,7 +796,6 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
     assert_eq!(inj["user_text"], first_user_text().as_str());
 
     // Copy as JSON: what lands on the clipboard parses and equals what the API serves.
-    let client = client();
     let base = format!("http://{viewer}");
     let parse = |v: &Value| -> Value { serde_json::from_str(v.as_str().unwrap()).unwrap() };
     let step = parse(&report["copied_step"]);
