@@ -120,7 +120,10 @@ async fn a_compaction_call_without_a_session_header_is_linked_to_the_run_it_summ
     compact["system"] = json!("You are a helpful AI assistant tasked with summarizing conversations.");
     compact.as_object_mut().unwrap().remove("tools");
     compact.as_object_mut().unwrap().remove("tool_choice");
-    compact["messages"][2]["content"].as_array_mut().unwrap().push(json!({"type": "text",
+    compact["messages"][2]["content"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "text",
         "text": "Your task is to create a detailed summary of the conversation so far, paying close attention to \
                  the user's explicit requests and your previous actions."}));
     let r = send_body(&client, &tap, &next, compact.to_string().into_bytes()).await;

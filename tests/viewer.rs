@@ -151,7 +151,10 @@ fn claude_headers(fixture: &str) -> Vec<(&str, &str)> {
 
 /// The request body llmtap stored for a call, as text.
 fn fixture_request(trace: &Value) -> String {
-    trace["request"].as_str().map(str::to_owned).unwrap_or_else(|| trace["request"].to_string())
+    trace["request"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| trace["request"].to_string())
 }
 
 /// `llmtap sessions --json`: the session with this id.
@@ -418,7 +421,10 @@ async fn sessions_are_titled_by_their_title_call_or_first_user_text_in_the_cli_a
             &client,
             &f.method,
             &tap.url(&f.client_path),
-            &[("content-type", "application/json"), ("x-replay-fixture", f.name.as_str())],
+            &[
+                ("content-type", "application/json"),
+                ("x-replay-fixture", f.name.as_str()),
+            ],
             serde_json::to_vec(&body).unwrap(),
         )
         .await;
@@ -427,10 +433,7 @@ async fn sessions_are_titled_by_their_title_call_or_first_user_text_in_the_cli_a
     }
     calls += replay_claude_code(&client, &tap).await;
     let traces = tap.wait_for_traces(calls);
-    let anthropic = traces
-        .iter()
-        .find(|t| t["session_id"] != CLAUDE_SESSION)
-        .unwrap()["session_id"]
+    let anthropic = traces.iter().find(|t| t["session_id"] != CLAUDE_SESSION).unwrap()["session_id"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -451,7 +454,10 @@ async fn sessions_are_titled_by_their_title_call_or_first_user_text_in_the_cli_a
     };
     assert!(line(CLAUDE_SESSION).ends_with(&format!("  {title}")), "{table}");
     assert!(line(&anthropic).ends_with(&format!("  {first}")), "{table}");
-    assert!(!table.contains("system-reminder") && !table.contains("claudeMd"), "{table}");
+    assert!(
+        !table.contains("system-reminder") && !table.contains("claudeMd"),
+        "{table}"
+    );
 
     let base = format!("http://{}", tap.viewer_addr.expect("viewer enabled"));
     let list = get_json(&client, &format!("{base}/api/sessions")).await;
@@ -786,10 +792,19 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
     // person's text shown beside it.
     let inj = &c["injected"];
     assert_eq!(inj["count"], 1, "{inj:#}");
-    assert_eq!((inj["open_before"].as_bool(), inj["visible_before"].as_bool()), (Some(false), Some(false)));
-    assert_eq!((inj["open_after"].as_bool(), inj["visible_after"].as_bool()), (Some(true), Some(true)));
+    assert_eq!(
+        (inj["open_before"].as_bool(), inj["visible_before"].as_bool()),
+        (Some(false), Some(false))
+    );
+    assert_eq!(
+        (inj["open_after"].as_bool(), inj["visible_after"].as_bool()),
+        (Some(true), Some(true))
+    );
     assert!(
-        inj["summary"].as_str().unwrap().starts_with("system-reminder: CLAUDE.md"),
+        inj["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("system-reminder: CLAUDE.md"),
         "{inj:#}"
     );
     assert_eq!(inj["text"], INJECTED_CONTEXT);
@@ -799,22 +814,37 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
     let base = format!("http://{viewer}");
     let parse = |v: &Value| -> Value { serde_json::from_str(v.as_str().unwrap()).unwrap() };
     let step = parse(&report["copied_step"]);
-    let steps = get_json(&client, &format!("{base}/api/trajectories/{claude_main}/steps?limit=1000")).await;
-    let served = steps["steps"].as_array().unwrap().iter().find(|s| s["step_id"] == step["step_id"]).unwrap();
+    let steps = get_json(
+        &client,
+        &format!("{base}/api/trajectories/{claude_main}/steps?limit=1000"),
+    )
+    .await;
+    let served = steps["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["step_id"] == step["step_id"])
+        .unwrap();
     assert_eq!(&step, served);
     assert!(step["content_parts"].is_array(), "{step:#}");
     let session = parse(&report["copied_session"]);
     assert_eq!(session, parse(&report["api_session"]));
     assert_eq!(session["id"], CLAUDE_SESSION);
     let copied_call = parse(&report["copied_call"]);
-    assert_eq!(copied_call, get_json(&client, &format!("{base}/api/calls/{}", call["id"].as_str().unwrap())).await);
+    assert_eq!(
+        copied_call,
+        get_json(&client, &format!("{base}/api/calls/{}", call["id"].as_str().unwrap())).await
+    );
 
     // The later Anthropic call against the one before: exactly the messages it added, in order, and the rest
     // folded as unchanged.
     let d = &report["diff"];
     let last: Value = serde_json::from_str(&fixture_request(&anthropic[anthropic.len() - 1])).unwrap();
     let before: Value = serde_json::from_str(&fixture_request(&anthropic[anthropic.len() - 2])).unwrap();
-    let (new_msgs, old_msgs) = (last["messages"].as_array().unwrap(), before["messages"].as_array().unwrap());
+    let (new_msgs, old_msgs) = (
+        last["messages"].as_array().unwrap(),
+        before["messages"].as_array().unwrap(),
+    );
     assert_eq!(&new_msgs[..old_msgs.len()], &old_msgs[..]);
     let added = &new_msgs[old_msgs.len()..];
     assert_eq!(d["against"], anthropic[anthropic.len() - 2]["id"]);
@@ -825,7 +855,10 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
         let text: Value = serde_json::from_str(shown["text"].as_str().unwrap()).unwrap();
         assert_eq!(text, want["content"], "{shown:#}");
     }
-    assert_eq!(d["same"], serde_json::json!([format!("… {} unchanged message(s)", old_msgs.len())]));
+    assert_eq!(
+        d["same"],
+        serde_json::json!([format!("… {} unchanged message(s)", old_msgs.len())])
+    );
 
     // The Anthropic session and the Claude Code main run are the same task: every step lines up.
     let rows_cmp = report["compare"]["rows"].as_array().unwrap();

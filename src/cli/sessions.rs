@@ -207,7 +207,8 @@ mod tests {
         assert!(text.contains("\n  tr_main"), "{text}");
         assert_eq!(sessions[0].title.as_deref(), Some("Fix the parser"));
         assert!(
-            text.lines().any(|l| l.starts_with("session s1 ") && l.ends_with("  Fix the parser")),
+            text.lines()
+                .any(|l| l.starts_with("session s1 ") && l.ends_with("  Fix the parser")),
             "{text}"
         );
         assert_eq!(sessions[1].title, None);

@@ -18,8 +18,8 @@ use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::api::pb;
-use crate::model::cost::{CostBreakdown, display_usd};
 use crate::derive::context;
+use crate::model::cost::{CostBreakdown, display_usd};
 use crate::model::step::{Purpose, Step, StepRole};
 
 /// What to follow.

@@ -209,7 +209,10 @@ mod tests {
             Some("system-reminder: The date is 2026-11-27. (1 line, 23 chars)")
         );
         assert_eq!(s[2].injected, None);
-        assert_eq!(user_text(CLAUDE_FIRST_USER), "Fix the flaky parser test in   src/parse.rs\nand run it");
+        assert_eq!(
+            user_text(CLAUDE_FIRST_USER),
+            "Fix the flaky parser test in   src/parse.rs\nand run it"
+        );
         // Nothing is lost: the pieces are the text, less whitespace between blocks.
         let joined: String = s.iter().map(|p| p.text.as_str()).collect();
         assert_eq!(joined.replace('\n', ""), CLAUDE_FIRST_USER.replace('\n', ""));

@@ -646,11 +646,16 @@ mod tests {
         let read = tool_call("toolu_read_1", "Read", json!({"file_path": "src/parse.rs"}));
         let main = h.send(call(
             "You are a coding agent.",
-            vec![injected_first.clone()],
-            calls_out(&[read.clone()]),
+            vec![injected_first],
+            calls_out(std::slice::from_ref(&read)),
         ));
-        // Another run of the agent, later, with the same answer text: not the one summarized.
-        let other = h.send(call("You are a coding agent.", vec![user("write docs")], text_out("ok")));
+        // Another run of the agent, more recently active: not the one summarized (its latest answer is not the
+        // assistant turn the summarizing call carries).
+        let other = h.send(call(
+            "You are a coding agent.",
+            vec![user("write docs")],
+            text_out("ok"),
+        ));
         let mut compact = call(
             "You are a helpful AI assistant tasked with summarizing conversations.",
             vec![

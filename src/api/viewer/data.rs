@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use rust_decimal::Decimal;
 use serde_json::{Map, Value, json};
 
+use crate::derive::context;
 use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, Outcome};
-use crate::derive::context;
 use crate::model::step::{Purpose, Step, StepRole, TrajectorySummary, session_title};
 use crate::model::trace::{ProviderTrace, rfc3339};
 use crate::model::usage::Usage;
@@ -303,7 +303,10 @@ pub fn call_diff(reader: &StoreReader, id: &str, against: Option<&str>) -> Resul
     };
     let new = trace.request.to_value();
     let (against_id, diff) = match &other {
-        Some(o) => (Some(o.id.clone()), diff::requests(trace.api, &o.request.to_value(), &new)),
+        Some(o) => (
+            Some(o.id.clone()),
+            diff::requests(trace.api, &o.request.to_value(), &new),
+        ),
         // The first call: everything is added.
         None => (None, diff::requests(trace.api, &Value::Null, &new)),
     };
@@ -353,7 +356,9 @@ pub fn compare(reader: &StoreReader, a: &str, b: &str) -> Result<Option<Value>, 
             "truncated": steps.len() as u32 >= COMPARED_STEPS,
         }))
     };
-    Ok(Some(json!({ "a": side(&sa, &steps_a)?, "b": side(&sb, &steps_b)?, "rows": rows })))
+    Ok(Some(
+        json!({ "a": side(&sa, &steps_a)?, "b": side(&sb, &steps_b)?, "rows": rows }),
+    ))
 }
 
 fn head_cost(c: &CallHead) -> Value {

@@ -67,7 +67,13 @@ pub fn requests(api: Api, old: &Value, new: &Value) -> Value {
         }
     }
     flush(&mut ops, &mut run);
-    let system_of = |v: &Value| SYSTEM_KEYS.iter().find_map(|k| v.get(*k)).cloned().unwrap_or(Value::Null);
+    let system_of = |v: &Value| {
+        SYSTEM_KEYS
+            .iter()
+            .find_map(|k| v.get(*k))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
     let (old_system, new_system) = (system_of(old), system_of(new));
     json!({
         "messages": ops,
@@ -101,13 +107,22 @@ fn tools(old: &Value, new: &Value) -> Value {
             .into_iter()
             .flatten()
             .enumerate()
-            .map(|(i, t)| (tool_name(t).unwrap_or_else(|| format!("#{i}")), without_cache_markers(t)))
+            .map(|(i, t)| {
+                (
+                    tool_name(t).unwrap_or_else(|| format!("#{i}")),
+                    without_cache_markers(t),
+                )
+            })
             .collect()
     };
     let (a, b) = (by_name(old), by_name(new));
     let added: Vec<&String> = b.keys().filter(|k| !a.contains_key(*k)).collect();
     let removed: Vec<&String> = a.keys().filter(|k| !b.contains_key(*k)).collect();
-    let changed: Vec<&String> = a.iter().filter(|(k, v)| b.get(*k).is_some_and(|w| w != *v)).map(|(k, _)| k).collect();
+    let changed: Vec<&String> = a
+        .iter()
+        .filter(|(k, v)| b.get(*k).is_some_and(|w| w != *v))
+        .map(|(k, _)| k)
+        .collect();
     json!({ "added": added, "removed": removed, "changed": changed, "count": b.len() })
 }
 
@@ -241,7 +256,10 @@ mod tests {
         let old = json!({"model": "m", "max_tokens": 100, "system": "s", "messages": [
             msg("user", "hi"), msg("assistant", "hello")], "tools": [{"name": "Bash", "input_schema": {}}]});
         let mut new = old.clone();
-        new["messages"].as_array_mut().unwrap().extend([msg("user", "more"), msg("assistant", "sure")]);
+        new["messages"]
+            .as_array_mut()
+            .unwrap()
+            .extend([msg("user", "more"), msg("assistant", "sure")]);
         // The cache breakpoint moved to the newest message: not a change.
         new["messages"][1]["content"][0]["cache_control"] = json!({"type": "ephemeral"});
         new["max_tokens"] = json!(200);
@@ -256,7 +274,10 @@ mod tests {
                 {"op": "added", "message": msg("assistant", "sure")}])
         );
         assert_eq!(d["system"]["changed"], false);
-        assert_eq!(d["tools"], json!({"added": ["Read"], "removed": [], "changed": ["Bash"], "count": 2}));
+        assert_eq!(
+            d["tools"],
+            json!({"added": ["Read"], "removed": [], "changed": ["Bash"], "count": 2})
+        );
         assert_eq!(d["params"], json!({"max_tokens": {"old": 100, "new": 200}}));
     }
 
@@ -265,7 +286,12 @@ mod tests {
         let old = json!({"instructions": "a", "input": [msg("user", "1"), msg("user", "2"), msg("user", "3")]});
         let new = json!({"instructions": "b", "input": [msg("user", "1"), msg("user", "2b"), msg("user", "3")]});
         let d = requests(Api::OpenAiResponses, &old, &new);
-        let ops: Vec<&str> = d["messages"].as_array().unwrap().iter().map(|o| o["op"].as_str().unwrap()).collect();
+        let ops: Vec<&str> = d["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["op"].as_str().unwrap())
+            .collect();
         assert_eq!(ops, ["same", "removed", "added", "same"]);
         assert_eq!(d["system"], json!({"changed": true, "old": "a", "new": "b"}));
         assert_eq!(d["params"], json!({}));

@@ -236,7 +236,10 @@ impl Viewer {
                 self.read(move |r, _| data::call_diff(r, &id, against.as_deref())).await
             }
             ["api", "compare"] => {
-                let (a, b) = (q.get("a").cloned().unwrap_or_default(), q.get("b").cloned().unwrap_or_default());
+                let (a, b) = (
+                    q.get("a").cloned().unwrap_or_default(),
+                    q.get("b").cloned().unwrap_or_default(),
+                );
                 self.read(move |r, _| data::compare(r, &a, &b)).await
             }
             ["api", "export", format] => self.export(format, q.get("session").cloned()),
