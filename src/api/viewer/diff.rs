@@ -56,12 +56,12 @@ pub fn requests(api: Api, old: &Value, new: &Value) -> Value {
             (Some(i), None) => {
                 flush(&mut ops, &mut run);
                 removed += 1;
-                ops.push(json!({"op": "removed", "message": old_messages[i]}));
+                ops.push(op("removed", &old_messages[i]));
             }
             (None, Some(j)) => {
                 flush(&mut ops, &mut run);
                 added += 1;
-                ops.push(json!({"op": "added", "message": new_messages[j]}));
+                ops.push(op("added", &new_messages[j]));
             }
             (None, None) => {}
         }
@@ -88,6 +88,40 @@ pub fn requests(api: Api, old: &Value, new: &Value) -> Value {
         "tools": tools(old, new),
         "params": params(old, new, key),
     })
+}
+
+/// An added or removed message; a text-only one holding context the client injected also as `content_parts`
+/// (`derive::context::segments`), for the page to fold.
+fn op(kind: &str, message: &Value) -> Value {
+    let mut v = json!({"op": kind, "message": message});
+    if let Some(text) = message_text(message)
+        && crate::derive::context::has_injected(&text)
+    {
+        v["content_parts"] = serde_json::to_value(crate::derive::context::segments(&text)).unwrap_or(Value::Null);
+    }
+    v
+}
+
+/// A message's text when its content is a string or text blocks only (as the page shows it, blocks joined by
+/// newlines); None when it holds anything else (tool calls, results, media).
+fn message_text(message: &Value) -> Option<String> {
+    match message.get("content").or_else(|| message.get("parts"))? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(blocks) => {
+            let texts: Option<Vec<&str>> = blocks
+                .iter()
+                .map(|b| {
+                    let only_text = b
+                        .as_object()?
+                        .keys()
+                        .all(|k| k == "text" || k == "type" || k == "cache_control");
+                    if only_text { b.get("text")?.as_str() } else { None }
+                })
+                .collect();
+            Some(texts?.join("\n"))
+        }
+        _ => None,
+    }
 }
 
 fn messages(request: &Value, key: &str) -> Vec<Value> {
@@ -295,6 +329,18 @@ mod tests {
         assert_eq!(ops, ["same", "removed", "added", "same"]);
         assert_eq!(d["system"], json!({"changed": true, "old": "a", "new": "b"}));
         assert_eq!(d["params"], json!({}));
+        // Injected context in an added text message is split out for the page to fold.
+        let injected = json!({"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>\nx\n</system-reminder>"}, {"type": "text", "text": "go"}]});
+        let d = requests(
+            Api::AnthropicMessages,
+            &json!({"messages": []}),
+            &json!({"messages": [injected]}),
+        );
+        let parts = &d["messages"][0]["content_parts"];
+        assert_eq!(parts[0]["injected"], "system-reminder");
+        assert_eq!(parts[1]["text"], "\ngo");
+        assert!(d["messages"].as_array().unwrap().len() == 1 && d["added"] == 1);
         // A string input is one user message.
         let s = requests(Api::OpenAiResponses, &json!({"input": "x"}), &json!({"input": "y"}));
         assert_eq!((s["added"].as_u64(), s["removed"].as_u64()), (Some(1), Some(1)));

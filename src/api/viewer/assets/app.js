@@ -391,16 +391,17 @@ function diffView(d) {
       ? ['Against ', h('a', { href: '#/c/' + enc(d.against) }, d.against), ': ']
       : 'The first call of its trajectory: everything is new. ',
     num(x.added) + ' message(s) added, ' + num(x.removed) + ' removed, ' + num(x.same) + ' unchanged.'),
-    x.system.changed
+    // The first call has nothing to compare its system prompt, tools and parameters with (shown below it).
+    !d.against ? null : x.system.changed
       ? h('details', { class: 'diff-system', open: true }, h('summary', {}, 'system prompt changed'),
         h('div', { class: 'cols' }, h('pre', { class: 'diff-removed' }, sysText(x.system.old)), h('pre', { class: 'diff-added' }, sysText(x.system.new))))
       : h('div', { class: 'muted' }, 'System prompt unchanged.'),
-    h('div', { class: toolChanges.length ? '' : 'muted' }, 'Tools (' + num(t.count) + '): ', toolChanges.length ? toolChanges : 'unchanged.'),
-    params.length ? h('pre', { class: 'diff-params' }, params.map(([k, v]) => k + ': ' + JSON.stringify(v.old) + ' → ' + JSON.stringify(v.new)).join('\n')) : null,
+    !d.against ? null : h('div', { class: toolChanges.length ? '' : 'muted' }, 'Tools (' + num(t.count) + '): ', toolChanges.length ? toolChanges : 'unchanged.'),
+    d.against && params.length ? h('pre', { class: 'diff-params' }, params.map(([k, v]) => k + ': ' + JSON.stringify(v.old) + ' → ' + JSON.stringify(v.new)).join('\n')) : null,
     x.messages.map((o) => (o.op === 'same'
       ? h('div', { class: 'diff-same muted' }, '… ' + num(o.count) + ' unchanged message(s)')
       : h('div', { class: 'msg diff-' + o.op }, h('b', {}, (o.op === 'added' ? '+ ' : '− ') + (o.message.role || o.message.type || '')),
-        h('pre', {}, msgText(o.message))))));
+        o.content_parts ? withContext(o.content_parts, 'text') : h('pre', {}, msgText(o.message))))));
 }
 
 async function diffPage(id, params) {
