@@ -89,6 +89,18 @@ try {
   report.claude.injected.visible_after = await injected.locator('pre').isVisible();
   report.claude.injected.text = await injected.locator('pre').textContent();
   await page.locator('#steps .step').first().screenshot({ path: path.join(shots, 'step-context-open.png') });
+  // A long tool output (none of the recordings has one): the page's own renderer, cut, then shown whole.
+  report.claude.show_all = await page.evaluate(() => {
+    const text = Array.from({ length: 100 }, (_, i) => 'line ' + i).join('\n');
+    const box = longText(text);
+    document.getElementById('steps').append(box);
+    const before = box.querySelector('pre').textContent.split('\n').length;
+    const label = box.querySelector('button.show-all').textContent;
+    box.querySelector('button.show-all').click();
+    const after = box.querySelector('pre').textContent;
+    box.remove();
+    return { before, label, whole: after === text, button_left: !!box.querySelector('button.show-all') };
+  });
   // Copy as JSON: a step, and the session (with the session's JSON as the API serves it now, before the
   // test makes more calls in this session).
   await page.locator('#steps .step').first().locator('button.copy-json').click();
