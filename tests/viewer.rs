@@ -814,7 +814,10 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
     let show = &c["show_all"];
     assert_eq!(show["before"], 40, "{show:#}");
     assert_eq!(show["label"], "show all (100 lines, 789 chars)");
-    assert_eq!((show["whole"].as_bool(), show["button_left"].as_bool()), (Some(true), Some(false)));
+    assert_eq!(
+        (show["whole"].as_bool(), show["button_left"].as_bool()),
+        (Some(true), Some(false))
+    );
 
     // Copy as JSON: what lands on the clipboard parses and equals what the API serves.
     let base = format!("http://{viewer}");

@@ -1,5 +1,5 @@
 //! Where a new root comes from: a sub-agent started by another trajectory's tool call (handoff, Task,
-//! transfer), or the continuation of a trajectory after context compaction.
+//! transfer), the continuation of a trajectory after context compaction, or the run a compaction call summarizes.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -166,9 +166,7 @@ impl State {
             .max_by_key(|(id, t)| (t.last_seen_us, *id))
             .map(|(id, _)| id.clone())
     }
-}
 
-impl State {
     /// The trajectory a compaction call summarizes, when the resolver found none by root or history: clients
     /// rebuild the history for the summarizing call (Claude Code leaves the context it injects into the first
     /// user turn out, and the call answers the run's open tool calls), so outside a native session nothing but
