@@ -94,6 +94,58 @@ async fn a_summary_restart_is_linked_as_a_continuation() {
     );
 }
 
+/// An older Claude Code (no session header) auto-compacting inside a tool loop, on recorded Anthropic traffic:
+/// the run's first call (its first user message led by the context Claude Code injects), then the summarizing
+/// call: its own system prompt, the history rebuilt without the injected context, the run's tool results, and a
+/// final request for a summary. The summarizing call is its own trajectory, linked to the run and in the run's
+/// session (one row in `llmtap sessions`, under the run in its tree).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_call_without_a_session_header_is_linked_to_the_run_it_summarizes() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let client = client();
+    let first = fixture("anthropic_messages/pydantic-ai__parallel_tool_use/00");
+    let next = fixture("anthropic_messages/pydantic-ai__parallel_tool_use/01");
+    let mut run: Value = serde_json::from_slice(&first.request).unwrap();
+    run["messages"][0]["content"].as_array_mut().unwrap().insert(
+        0,
+        json!({"type": "text", "text": "<system-reminder>\n# claudeMd\nContents of /repo/CLAUDE.md: be brief\n</system-reminder>"}),
+    );
+    let r = send_body(&client, &tap, &first, run.to_string().into_bytes()).await;
+    assert_eq!(r.status, 200);
+    // The recorded next request holds the echoed answer and the four tool results; the summary request joins
+    // the results' user turn, as the API wants turns to alternate.
+    let mut compact: Value = serde_json::from_slice(&next.request).unwrap();
+    compact["system"] = json!("You are a helpful AI assistant tasked with summarizing conversations.");
+    compact.as_object_mut().unwrap().remove("tools");
+    compact.as_object_mut().unwrap().remove("tool_choice");
+    compact["messages"][2]["content"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "text",
+        "text": "Your task is to create a detailed summary of the conversation so far, paying close attention to \
+                 the user's explicit requests and your previous actions."}));
+    let r = send_body(&client, &tap, &next, compact.to_string().into_bytes()).await;
+    assert_eq!(r.status, 200);
+    let traces = tap.wait_for_traces(2);
+    let (run_id, compaction_id) = (
+        traces[0]["trajectory_id"].as_str().unwrap(),
+        traces[1]["trajectory_id"].as_str().unwrap(),
+    );
+    assert_ne!(run_id, compaction_id);
+    let s = sessions(&tap);
+    let by_id = |id: &str| s.iter().find(|x| x["trajectory_id"] == id).unwrap().clone();
+    let compaction = by_id(compaction_id);
+    assert_eq!(compaction["purpose"], "compaction", "{compaction:#}");
+    assert_eq!(compaction["parent_trajectory_id"], run_id, "{s:#?}");
+    // The run has no session of its own making: its id is the session, and the summary joins it.
+    assert_eq!(compaction["session_id"], run_id);
+    let groups = tap.session_groups();
+    assert_eq!(groups.len(), 1, "{groups:#?}");
+    assert_eq!(groups[0]["trajectories"].as_array().unwrap().len(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_streams_finish_and_keeps_their_traces() {
     use http_body_util::BodyExt;

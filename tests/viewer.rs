@@ -58,7 +58,7 @@ async fn replay_all(tap: &Llmtap) -> Vec<Value> {
 /// The upstream answers each with a recorded response. Returns the number of calls.
 async fn replay_claude_code(client: &Client, tap: &Llmtap) -> usize {
     let main: Vec<Fixture> = CLAUDE_MAIN.iter().map(|n| fixture(n)).collect();
-    let first: Value = serde_json::from_slice(&main[0].request).unwrap();
+    let first = with_injected_context(serde_json::from_slice(&main[0].request).unwrap());
     let post = |f: &Fixture, body: Value| {
         let url = tap.url(&f.client_path);
         let name = f.name.clone();
@@ -81,12 +81,13 @@ async fn replay_claude_code(client: &Client, tap: &Llmtap) -> usize {
     assert_eq!(post(&main[0], quota).await.status, 200);
     assert_eq!(post(&main[0], warmup).await.status, 200);
     for f in &main {
+        let body = with_injected_context(serde_json::from_slice(&f.request).unwrap());
         let r = send(
             client,
             &f.method,
             &tap.url(&f.client_path),
             &claude_headers(&f.name),
-            f.request.clone(),
+            serde_json::to_vec(&body).unwrap(),
         )
         .await;
         assert_eq!(r.status, f.status, "{}", f.name);
@@ -97,6 +98,34 @@ async fn replay_claude_code(client: &Client, tap: &Llmtap) -> usize {
     title.as_object_mut().unwrap().remove("tool_choice");
     assert_eq!(post(&main[1], title).await.status, 200);
     main.len() + 3
+}
+
+/// Context Claude Code injects before what the person typed in the first user message (CLAUDE.md as a
+/// `<system-reminder>` block).
+const INJECTED_CONTEXT: &str = "<system-reminder>\nAs you answer the user's questions, you can use the following \
+    context:\n# claudeMd\nCodebase and user instructions are shown below.\n\nContents of /repo/CLAUDE.md:\n\
+    Answer in one sentence.\n</system-reminder>";
+
+/// The request with Claude Code's injected context as the first block of its first user message.
+fn with_injected_context(mut body: Value) -> Value {
+    let content = body["messages"][0]["content"].as_array_mut().unwrap();
+    content.insert(0, serde_json::json!({"type": "text", "text": INJECTED_CONTEXT}));
+    body
+}
+
+/// What the person typed first in the Claude Code-shaped session (and in the Anthropic session): its title
+/// when there is no title call.
+fn first_user_text() -> String {
+    let req: Value = serde_json::from_slice(&fixture(CLAUDE_MAIN[0]).request).unwrap();
+    req["messages"][0]["content"][0]["text"].as_str().unwrap().to_owned()
+}
+
+/// The title the Claude Code-shaped session's title call was answered with: the recorded answer it gets
+/// (`CLAUDE_MAIN[1]`'s) is plain text, whose first line is the title.
+fn answered_title() -> String {
+    let resp = fixture(CLAUDE_MAIN[1]).response_json.unwrap();
+    let text = resp["content"][0]["text"].as_str().unwrap();
+    text.lines().next().unwrap().trim().to_owned()
 }
 
 /// The quota probe's text: in no recording, so only the Claude Code session's steps contain it.
@@ -118,6 +147,14 @@ fn claude_headers(fixture: &str) -> Vec<(&str, &str)> {
         ("x-replay-fixture", fixture),
         ("x-claude-code-session-id", CLAUDE_SESSION),
     ]
+}
+
+/// The request body llmtap stored for a call, as text.
+fn fixture_request(trace: &Value) -> String {
+    trace["request"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| trace["request"].to_string())
 }
 
 /// `llmtap sessions --json`: the session with this id.
@@ -367,6 +404,91 @@ async fn json_api_lists_sessions_with_totals_and_serves_steps_calls_and_exports(
     assert_eq!(rebound.status, 403);
 }
 
+/// Titles through the real binary: the Claude Code-shaped session is named by its title call's answer, the
+/// Anthropic session (no title call) by its first user text without the injected context; `llmtap sessions`
+/// prints them on each session's line and `--json` carries them, and the viewer's list and session page agree.
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_are_titled_by_their_title_call_or_first_user_text_in_the_cli_and_the_viewer() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let client = client();
+    let mut calls = 0;
+    for f in &session(SESSION) {
+        // Claude Code's injected context in front of what the person typed, here without a session header.
+        let body = with_injected_context(serde_json::from_slice(&f.request).unwrap());
+        let r = send(
+            &client,
+            &f.method,
+            &tap.url(&f.client_path),
+            &[
+                ("content-type", "application/json"),
+                ("x-replay-fixture", f.name.as_str()),
+            ],
+            serde_json::to_vec(&body).unwrap(),
+        )
+        .await;
+        assert_eq!(r.status, f.status, "{}", f.name);
+        calls += 1;
+    }
+    calls += replay_claude_code(&client, &tap).await;
+    let traces = tap.wait_for_traces(calls);
+    let anthropic = traces.iter().find(|t| t["session_id"] != CLAUDE_SESSION).unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (title, first) = (answered_title(), first_user_text());
+    assert_ne!(title, first);
+    assert!(!first.contains("system-reminder"));
+
+    let groups = tap.session_groups();
+    assert_eq!(group(&groups, CLAUDE_SESSION)["title"], title.as_str());
+    assert_eq!(group(&groups, &anthropic)["title"], first.as_str());
+    let table = tap.cli(&["sessions"]);
+    let line = |id: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("session {id} ")))
+            .unwrap_or_else(|| panic!("no line for {id}: {table}"))
+            .to_owned()
+    };
+    assert!(line(CLAUDE_SESSION).ends_with(&format!("  {title}")), "{table}");
+    assert!(line(&anthropic).ends_with(&format!("  {first}")), "{table}");
+    assert!(
+        !table.contains("system-reminder") && !table.contains("claudeMd"),
+        "{table}"
+    );
+
+    let base = format!("http://{}", tap.viewer_addr.expect("viewer enabled"));
+    let list = get_json(&client, &format!("{base}/api/sessions")).await;
+    let row = |id: &str| {
+        list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(row(CLAUDE_SESSION)["title"], title.as_str());
+    assert_eq!(row(&anthropic)["title"], first.as_str());
+    let page = get_json(&client, &format!("{base}/api/sessions/{CLAUDE_SESSION}")).await;
+    assert_eq!(page["title"], title.as_str());
+    // In the tree: the main run by its first user text, the title call by its title.
+    let by_purpose = |p: &str| {
+        page["trajectories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["purpose"] == p)
+            .unwrap()["title"]
+            .clone()
+    };
+    assert_eq!(by_purpose("main"), first.as_str());
+    assert_eq!(by_purpose("title"), title.as_str());
+    assert_eq!(by_purpose("warmup"), Value::Null);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn viewer_beyond_loopback_requires_the_token() {
     let dir = tempfile::tempdir().unwrap();
@@ -576,6 +698,9 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
         .arg(&shots)
         .arg(CLAUDE_SESSION)
         .arg(&claude_main)
+        .arg(anthropic.last().unwrap()["id"].as_str().unwrap())
+        .arg(&trajectory)
+        .arg(&claude_main)
         .env("CHROMIUM", &chromium)
         .stdout(Stdio::piped())
         .spawn()
@@ -643,6 +768,111 @@ async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
     assert_eq!(c["old_link"]["hash"], format!("#/s/{CLAUDE_SESSION}?t={claude_main}"));
     assert_eq!(c["old_link"]["selected"], claude_main.as_str());
     assert_eq!(c["old_link"]["tree_nodes"], claude_trajectories);
+
+    // Titles: the Claude Code session by its title call's answer, in the list and on its page; the main run in
+    // the tree by what the person typed (without the injected context); the Anthropic session by its first
+    // user text.
+    let title_of = |id: &str| rows.iter().find(|r| r["id"] == id).unwrap()["title"].clone();
+    assert_eq!(title_of(CLAUDE_SESSION), answered_title().as_str());
+    assert_eq!(title_of(&trajectory), first_user_text().as_str());
+    assert_eq!(c["title"], answered_title().as_str());
+    let tree_title = |p: &str| {
+        c["tree_titles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["purpose"] == p)
+            .unwrap()["title"]
+            .clone()
+    };
+    assert_eq!(tree_title("main"), first_user_text().as_str());
+    assert_eq!(tree_title("title"), answered_title().as_str());
+
+    // The injected context of the first user step: one folded block, hidden until its summary is clicked; the
+    // person's text shown beside it.
+    let inj = &c["injected"];
+    assert_eq!(inj["count"], 1, "{inj:#}");
+    assert_eq!(
+        (inj["open_before"].as_bool(), inj["visible_before"].as_bool()),
+        (Some(false), Some(false))
+    );
+    assert_eq!(
+        (inj["open_after"].as_bool(), inj["visible_after"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert!(
+        inj["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with("system-reminder: CLAUDE.md"),
+        "{inj:#}"
+    );
+    assert_eq!(inj["text"], INJECTED_CONTEXT);
+    assert_eq!(inj["user_text"], first_user_text().as_str());
+
+    // A long tool output: its first 40 lines, then all of it on "show all".
+    let show = &c["show_all"];
+    assert_eq!(show["before"], 40, "{show:#}");
+    assert_eq!(show["label"], "show all (100 lines, 789 chars)");
+    assert_eq!(
+        (show["whole"].as_bool(), show["button_left"].as_bool()),
+        (Some(true), Some(false))
+    );
+
+    // Copy as JSON: what lands on the clipboard parses and equals what the API serves.
+    let base = format!("http://{viewer}");
+    let parse = |v: &Value| -> Value { serde_json::from_str(v.as_str().unwrap()).unwrap() };
+    let step = parse(&report["copied_step"]);
+    let steps = get_json(
+        &client,
+        &format!("{base}/api/trajectories/{claude_main}/steps?limit=1000"),
+    )
+    .await;
+    let served = steps["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["step_id"] == step["step_id"])
+        .unwrap();
+    assert_eq!(&step, served);
+    assert!(step["content_parts"].is_array(), "{step:#}");
+    let session = parse(&report["copied_session"]);
+    assert_eq!(session, parse(&report["api_session"]));
+    assert_eq!(session["id"], CLAUDE_SESSION);
+    let copied_call = parse(&report["copied_call"]);
+    assert_eq!(
+        copied_call,
+        get_json(&client, &format!("{base}/api/calls/{}", call["id"].as_str().unwrap())).await
+    );
+
+    // The later Anthropic call against the one before: exactly the messages it added, in order, and the rest
+    // folded as unchanged.
+    let d = &report["diff"];
+    let last: Value = serde_json::from_str(&fixture_request(&anthropic[anthropic.len() - 1])).unwrap();
+    let before: Value = serde_json::from_str(&fixture_request(&anthropic[anthropic.len() - 2])).unwrap();
+    let (new_msgs, old_msgs) = (
+        last["messages"].as_array().unwrap(),
+        before["messages"].as_array().unwrap(),
+    );
+    assert_eq!(&new_msgs[..old_msgs.len()], &old_msgs[..]);
+    let added = &new_msgs[old_msgs.len()..];
+    assert_eq!(d["against"], anthropic[anthropic.len() - 2]["id"]);
+    assert_eq!(d["removed"], 0);
+    assert_eq!(d["added"].as_array().unwrap().len(), added.len(), "{d:#}");
+    for (shown, want) in d["added"].as_array().unwrap().iter().zip(added) {
+        assert_eq!(shown["head"], format!("+ {}", want["role"].as_str().unwrap()));
+        let text: Value = serde_json::from_str(shown["text"].as_str().unwrap()).unwrap();
+        assert_eq!(text, want["content"], "{shown:#}");
+    }
+    assert_eq!(
+        d["same"],
+        serde_json::json!([format!("… {} unchanged message(s)", old_msgs.len())])
+    );
+
+    // The Anthropic session and the Claude Code main run are the same task: every step lines up.
+    let rows_cmp = report["compare"]["rows"].as_array().unwrap();
+    assert_eq!(rows_cmp.len(), n_steps, "{rows_cmp:#?}");
+    assert!(rows_cmp.iter().all(|r| r["kind"] == "both"), "{rows_cmp:#?}");
 
     // The session page: its tree, every step and every tool result of the main trajectory.
     let s = &report["session"];

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::model::step::TrajectorySummary;
+use crate::model::step::{TrajectorySummary, session_title};
 
 /// One session and its trajectories, oldest first.
 #[derive(Debug, Serialize)]
@@ -21,6 +21,9 @@ pub struct SessionView {
     /// cost was known; each trajectory says how many calls had none).
     #[serde(serialize_with = "cost_fields", rename = "cost_usd")]
     pub cost: crate::model::cost::CostSum,
+    /// What the session is about (`model::step::session_title`): the title the client's title call answered,
+    /// else its run's first user text without injected context.
+    pub title: Option<String>,
     pub trajectories: Vec<TrajectorySummary>,
 }
 
@@ -59,6 +62,7 @@ pub fn group(rows: Vec<TrajectorySummary>) -> Vec<SessionView> {
                         sum.merge(&t.cost());
                         sum
                     }),
+                title: session_title(&trajectories).map(str::to_owned),
                 session_id: id,
                 trajectories,
             })
@@ -91,7 +95,7 @@ pub fn write_table(out: &mut impl Write, sessions: &[SessionView], all: bool) ->
     for s in sessions {
         writeln!(
             out,
-            "{:<40} {:<14} {:<28} {:>5} {:>5} {:<12} {:>9} {:>9} {:>12}",
+            "{:<40} {:<14} {:<28} {:>5} {:>5} {:<12} {:>9} {:>9} {:>12}{}",
             format!("session {}", s.session_id),
             "",
             "",
@@ -100,7 +104,9 @@ pub fn write_table(out: &mut impl Write, sessions: &[SessionView], all: bool) ->
             "",
             s.input_tokens,
             s.output_tokens,
-            s.cost.display()
+            s.cost.display(),
+            // Last on the line: a title is as long as it is (cut at `derive::context::TITLE_CHARS`).
+            s.title.as_deref().map(|t| format!("  {t}")).unwrap_or_default()
         )?;
         let ids: Vec<&str> = s.trajectories.iter().map(|t| t.trajectory_id.as_str()).collect();
         let shown = |t: &TrajectorySummary| all || !t.is_auxiliary();
@@ -183,9 +189,11 @@ mod tests {
 
     #[test]
     fn sessions_group_their_trajectories_into_a_tree_with_helpers_folded() {
+        let mut titled = traj("tr_title", "s1", None, Purpose::Title);
+        titled.title = Some("Fix the parser".into());
         let rows = vec![
             traj("tr_main", "s1", None, Purpose::Main),
-            traj("tr_title", "s1", None, Purpose::Title),
+            titled,
             traj("tr_sub", "s1", Some("tr_main"), Purpose::Subagent),
             traj("tr_other", "tr_other", None, Purpose::Main),
         ];
@@ -197,6 +205,13 @@ mod tests {
         write_table(&mut out, &sessions, false).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("\n  tr_main"), "{text}");
+        assert_eq!(sessions[0].title.as_deref(), Some("Fix the parser"));
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("session s1 ") && l.ends_with("  Fix the parser")),
+            "{text}"
+        );
+        assert_eq!(sessions[1].title, None);
         assert!(text.contains("\n    tr_sub @1"), "{text}");
         assert!(!text.contains("tr_title"), "{text}");
         assert!(

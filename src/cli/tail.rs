@@ -18,8 +18,9 @@ use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::api::pb;
+use crate::derive::context;
 use crate::model::cost::{CostBreakdown, display_usd};
-use crate::model::step::{Step, StepRole};
+use crate::model::step::{Purpose, Step, StepRole};
 
 /// What to follow.
 #[derive(Debug, Clone, Default)]
@@ -256,10 +257,18 @@ impl Printer {
         let seen = self.printed_results.get(&s.step_id).copied();
         match s.role {
             StepRole::User => {
-                if let Some(text) = &s.content {
-                    lines.push(self.paint(DIM, &format!("  user: {}", one_line(text))));
+                // The person's words: context the client injected (`<system-reminder>` ...) is left out.
+                let text = s.content.as_deref().map(context::user_text).unwrap_or_default();
+                if !text.is_empty() {
+                    lines.push(self.paint(DIM, &format!("  user: {}", one_line(&text))));
                 }
                 return lines;
+            }
+            StepRole::Agent if seen.is_none() && s.purpose == Some(Purpose::Title) => {
+                // A title call names its session: shown as the title, not as the JSON it was answered in.
+                if let Some(title) = s.content.as_deref().and_then(context::title_from_answer) {
+                    lines.push(self.paint(BOLD, &format!("  title: {title}")));
+                }
             }
             StepRole::Agent if seen.is_none() => {
                 if let Some(text) = s.content.as_deref().filter(|t| !t.trim().is_empty()) {
@@ -353,6 +362,34 @@ mod tests {
         assert!(failed.contains(&format!("{RED}coder gpt-4o")), "{failed}");
         assert!(failed.contains("ERROR rate_limit_error: slow down"), "{failed}");
         assert!(!Printer::new(false).call_line(&call("x")).contains('\x1b'));
+    }
+
+    fn step(role: &str, purpose: &str, content: &str) -> Step {
+        serde_json::from_value(serde_json::json!({
+            "step_id": format!("tr_x/{role}"), "trajectory_id": "tr_x", "step_index": 0, "role": role,
+            "content": content, "reasoning_content": null, "model": null, "system_prompt_hash": null,
+            "agent_role": null, "parent_step": null, "call_type": "main", "purpose": purpose,
+            "tools_available": [], "tool_calls": [], "observations": [], "snippets": [],
+            "token_usage": {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
+                "cache_write_tokens": 0, "prefix_reuse_tokens": 0, "reasoning_tokens": 0},
+            "timestamp": "2026-11-27T00:00:00Z", "status": "ok"
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_title_call_shows_its_title_and_user_steps_leave_injected_context_out() {
+        let mut p = Printer::new(false);
+        let title = p.step_lines(&step("agent", "title", "{\"title\": \"Fix the parser\"}"));
+        assert_eq!(title, ["  title: Fix the parser"]);
+        let user = p.step_lines(&step(
+            "user",
+            "main",
+            "<system-reminder>\n# claudeMd\nUse tabs.\n</system-reminder>\nfix the parser",
+        ));
+        assert_eq!(user, ["  user: fix the parser"]);
+        let only_context = p.step_lines(&step("user", "main", "<system-reminder>x</system-reminder>"));
+        assert!(only_context.is_empty(), "{only_context:?}");
     }
 
     #[test]

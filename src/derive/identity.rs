@@ -258,8 +258,9 @@ impl Resolver {
         }
         let len = call.messages.len();
         if is_compaction_request(call) {
-            // Its own one-call trajectory, linked to the one it summarizes (never a step of it).
-            let summarizes = self.find_continued(&keys, len, agent, false, &may_resume);
+            // Its own one-call trajectory, linked to the one it summarizes (never a step of it). It may answer
+            // the run's open tool calls (auto-compaction inside a tool loop): that is not a handoff here.
+            let summarizes = self.find_continued(&keys, len, agent, false, &|_: &str| true);
             let id = trajectory_id_of("compaction", &format!("{}\u{1}{len}", keys.root));
             return Resolved { id, summarizes };
         }

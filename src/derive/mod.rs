@@ -16,6 +16,7 @@
 //! Steps are emitted at once and re-emitted (upserted by `step_id`) when late facts arrive; trajectories close
 //! after the idle timeout, when dangling calls get an `error: "no_result"` observation.
 
+pub mod context;
 mod hash_memo;
 pub mod identity;
 mod observe;
@@ -84,7 +85,14 @@ impl Deriver {
         let traj_id = resolved.id;
         trace.trajectory_id = Some(traj_id.clone());
         // Parent and continuation are looked up before results are attached: a handoff's call is still open.
-        let origin = self.origin_of_new_root(&traj_id, &scope, &trace, &call, resolved.summarizes);
+        let summarizes = match resolved.summarizes {
+            None if purpose::intrinsic(&call) == Some(Purpose::Compaction) => {
+                self.state
+                    .find_summarized(&traj_id, &call, ids, trace.meta.agent.as_deref())
+            }
+            found => found,
+        };
+        let origin = self.origin_of_new_root(&traj_id, &scope, &trace, &call, summarizes);
         let new_turns = observe::new_turns_start(&call.messages);
         let updated = self
             .state
@@ -290,6 +298,9 @@ fn call_steps(
     // Learned whether or not the trajectory is new (no short-circuit).
     let learned = traj.learn_definitions(call, sp_hash.as_deref(), shared);
     let heavy_changed = is_new || learned;
+    if is_new || traj.purpose == Purpose::Title {
+        traj.learn_title(call);
+    }
     let prompt = prefix::prompt_fingerprints(&call.messages, ids);
     let reuse = prefix::reuse(traj.last.as_ref(), &prompt, sp_hash.as_deref());
     let attempt = traj.next_attempt(indexes.agent);
@@ -613,6 +624,62 @@ mod tests {
         );
     }
 
+    /// An older Claude Code without a session header auto-compacts inside a tool loop: the summarizing call has
+    /// its own system prompt, leaves the injected context out of the first user turn, answers the run's open
+    /// tool call and ends asking for a summary. It is still linked to the run, in the run's session.
+    #[test]
+    fn a_compaction_call_without_a_session_is_linked_to_the_run_it_summarizes() {
+        use crate::model::call::{Message, Part, Role};
+        use crate::model::step::Purpose;
+        let mut h = Harness::new(Api::AnthropicMessages);
+        let injected_first = Message {
+            role: Role::User,
+            parts: vec![
+                Part::Text {
+                    text: "<system-reminder>\n# claudeMd\nUse tabs.\n</system-reminder>".into(),
+                },
+                Part::Text {
+                    text: "port the parser".into(),
+                },
+            ],
+        };
+        let read = tool_call("toolu_read_1", "Read", json!({"file_path": "src/parse.rs"}));
+        let main = h.send(call(
+            "You are a coding agent.",
+            vec![injected_first],
+            calls_out(std::slice::from_ref(&read)),
+        ));
+        // Another run of the agent, more recently active: not the one summarized (its latest answer is not the
+        // assistant turn the summarizing call carries).
+        let other = h.send(call(
+            "You are a coding agent.",
+            vec![user("write docs")],
+            text_out("ok"),
+        ));
+        let mut compact = call(
+            "You are a helpful AI assistant tasked with summarizing conversations.",
+            vec![
+                user("port the parser"),
+                calls(&[read]),
+                result("toolu_read_1", "fn parse() {}"),
+                user("Your task is to create a detailed summary of the conversation so far."),
+            ],
+            text_out("Summary: the parser is being ported."),
+        );
+        compact.tools.clear();
+        let c = h.send(compact);
+        assert_eq!(c.agent().purpose, Some(Purpose::Compaction));
+        assert_ne!(c.trajectory_id, main.trajectory_id);
+        assert_eq!(
+            c.summary.parent_trajectory_id.as_deref(),
+            Some(main.trajectory_id.as_str()),
+            "not linked (other run: {})",
+            other.trajectory_id
+        );
+        assert_eq!(c.summary.session_id, main.summary.session_id);
+        assert_eq!(c.summary.title, None);
+    }
+
     #[test]
     fn helper_calls_of_a_sessions_agent_are_side_and_title_calls() {
         let mut h = Harness::new(Api::AnthropicMessages);
@@ -649,6 +716,49 @@ mod tests {
         let mut probe = session_call("s", "", vec![user("quota")], text_out(""));
         probe.max_output_tokens = Some(1);
         assert_eq!(h.send(probe).agent().purpose, Some(Purpose::Quota));
+    }
+
+    #[test]
+    fn trajectories_are_titled_by_the_title_call_or_the_first_user_text_without_injected_context() {
+        use crate::model::step::{Purpose, session_title};
+        let mut h = Harness::new(Api::AnthropicMessages);
+        let first_user = crate::model::call::Message {
+            role: crate::model::call::Role::User,
+            parts: vec![
+                crate::model::call::Part::Text {
+                    text: "<system-reminder>\n# claudeMd\nUse tabs.\n</system-reminder>".into(),
+                },
+                crate::model::call::Part::Text {
+                    text: "Port the parser to Rust".into(),
+                },
+            ],
+        };
+        let mut main = session_call("s", "You are a coding agent.", vec![first_user], text_out("ok"));
+        main.tools = vec![crate::model::call::ToolDef {
+            name: "Bash".into(),
+            description: None,
+            parameters: None,
+        }];
+        let m = h.send(main);
+        assert_eq!(m.summary.title.as_deref(), Some("Port the parser to Rust"));
+        let mut warm = session_call("s", "You are a coding agent.", vec![user("Warmup")], text_out(""));
+        warm.max_output_tokens = Some(1);
+        let w = h.send(warm);
+        assert_eq!(w.summary.title, None);
+        assert_eq!(session_title([&m.summary, &w.summary]), Some("Port the parser to Rust"));
+        let t = h.send(session_call(
+            "s",
+            "Generate a concise, sentence-case title (3-7 words). Return JSON with a single \"title\" field.",
+            vec![user("<session>Port the parser to Rust</session>")],
+            text_out("{\"title\": \"Port parser to Rust\"}"),
+        ));
+        assert_eq!(t.agent().purpose, Some(Purpose::Title));
+        assert_eq!(t.summary.title.as_deref(), Some("Port parser to Rust"));
+        // The title call names the session, whatever the order of the rows.
+        assert_eq!(
+            session_title([&m.summary, &t.summary, &w.summary]),
+            Some("Port parser to Rust")
+        );
     }
 
     #[test]

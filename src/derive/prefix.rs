@@ -44,6 +44,11 @@ impl LastCall {
     pub fn system_hash(&self) -> Option<&str> {
         self.system_hash.as_deref()
     }
+
+    /// The fingerprint of the call's output turn (as its echo in a later request would have).
+    pub fn output_fingerprint(&self) -> Option<u64> {
+        self.fingerprints.last().copied()
+    }
 }
 
 /// Prefix reuse in tokens and whether it is estimated.

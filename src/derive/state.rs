@@ -11,6 +11,7 @@ use crate::model::exchange::UnixMicros;
 use crate::model::step::{CallType, Purpose, Step, TrajectorySummary};
 use crate::model::trace::{ProviderTrace, rfc3339};
 
+use super::context;
 use super::prefix::LastCall;
 use super::shared::Shared;
 use super::subagent::ParentCandidates;
@@ -75,6 +76,8 @@ struct Totals {
     continues: Option<String>,
     /// The trajectory a compaction call summarizes.
     summarizes: Option<String>,
+    /// What the trajectory is about (`learn_title`).
+    title: Option<String>,
     started_us: UnixMicros,
     /// The end of the latest call; `None` before the first.
     ended_us: Option<UnixMicros>,
@@ -116,6 +119,7 @@ impl Trajectory {
                 first_purpose: origin.purpose,
                 continues: origin.continues,
                 summarizes: origin.summarizes,
+                title: None,
                 started_us: trace.timings.start,
                 ended_us: None,
                 llm_calls: 0,
@@ -180,6 +184,24 @@ impl Trajectory {
                 1
             }
         }
+    }
+
+    /// Learn the trajectory's title from its call, until it has one: a title call's answer; for a trajectory of
+    /// the agent's own, its first user text without injected context. Warmups, quota probes and compaction
+    /// summaries (whose first user text is the run's they summarize) get none.
+    pub fn learn_title(&mut self, call: &NormalizedCall) {
+        if self.totals.title.is_some() {
+            return;
+        }
+        self.totals.title = match self.purpose {
+            Purpose::Warmup | Purpose::Quota | Purpose::Compaction => None,
+            Purpose::Title => call.output.text.as_deref().and_then(context::title_from_answer),
+            Purpose::Main | Purpose::Subagent | Purpose::Side => call
+                .messages
+                .iter()
+                .filter(|m| m.has_user_text())
+                .find_map(|m| context::title_from_user_text(&m.text())),
+        };
     }
 
     /// Learn the call's system prompt and tool definitions; true when the summary's large parts changed.
@@ -270,6 +292,7 @@ impl Trajectory {
             llm_calls: t.llm_calls,
             call_types: call_types.into_iter().map(str::to_owned).collect(),
             purpose: t.first_purpose,
+            title: t.title.clone(),
             input_tokens: t.input_tokens,
             output_tokens: t.output_tokens,
             cache_read_tokens: t.cache_read_tokens,

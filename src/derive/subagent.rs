@@ -1,5 +1,5 @@
 //! Where a new root comes from: a sub-agent started by another trajectory's tool call (handoff, Task,
-//! transfer), or the continuation of a trajectory after context compaction.
+//! transfer), the continuation of a trajectory after context compaction, or the run a compaction call summarizes.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -7,9 +7,10 @@ use serde_json::Value;
 
 use crate::model::call::{NormalizedCall, Part, Role};
 use crate::model::exchange::UnixMicros;
-use crate::model::step::StepToolCall;
+use crate::model::step::{Purpose, StepToolCall};
 
-use super::identity::system_prompt_hash;
+use super::identity::{CallIds, system_prompt_hash};
+use super::prefix;
 use super::state::{ParentLink, State};
 
 /// Argument values shorter than this are too common to identify a sub-agent by, even for a delegation tool.
@@ -161,6 +162,33 @@ impl State {
                 *id != traj_id
                     && t.scope == scope
                     && t.last.as_ref().is_some_and(|l| l.system_hash() == sp_hash.as_deref())
+            })
+            .max_by_key(|(id, t)| (t.last_seen_us, *id))
+            .map(|(id, _)| id.clone())
+    }
+
+    /// The trajectory a compaction call summarizes, when the resolver found none by root or history: clients
+    /// rebuild the history for the summarizing call (Claude Code leaves the context it injects into the first
+    /// user turn out, and the call answers the run's open tool calls), so outside a native session nothing but
+    /// the conversation itself ties it to its run. That is the open trajectory whose latest answer is the last
+    /// assistant turn the call carries (compared with tool call ids where the provider assigns them), of the same
+    /// agent; the most recently active, ties broken by id.
+    pub fn find_summarized(
+        &self,
+        traj_id: &str,
+        call: &NormalizedCall,
+        ids: CallIds,
+        agent: Option<&str>,
+    ) -> Option<String> {
+        let last = call.messages.iter().rev().find(|m| m.role == Role::Assistant)?;
+        let echoed = prefix::fingerprint(last, ids);
+        self.trajectories
+            .iter()
+            .filter(|(id, t)| {
+                *id != traj_id
+                    && matches!(t.purpose, Purpose::Main | Purpose::Subagent)
+                    && t.agent() == agent
+                    && t.last.as_ref().and_then(|l| l.output_fingerprint()) == Some(echoed)
             })
             .max_by_key(|(id, t)| (t.last_seen_us, *id))
             .map(|(id, _)| id.clone())

@@ -258,6 +258,11 @@ impl TrajectorySummary {
         self.purpose.is_some_and(Purpose::is_auxiliary)
     }
 
+    /// Whether this is a run of the session's own (not auxiliary, not a compaction summary, not under another).
+    fn is_top_level_run(&self) -> bool {
+        !self.is_auxiliary() && self.purpose != Some(Purpose::Compaction) && self.tree_parent().is_none()
+    }
+
     /// The cost of the trajectory's calls as a sum (see [`crate::model::cost::CostSum`]).
     pub fn cost(&self) -> crate::model::cost::CostSum {
         crate::model::cost::CostSum {
@@ -338,6 +343,7 @@ impl TrajectorySummary {
             llm_calls: self.llm_calls,
             call_types: self.call_types.clone(),
             purpose: self.purpose,
+            title: self.title.clone(),
             input_tokens: self.input_tokens,
             output_tokens: self.output_tokens,
             cache_read_tokens: self.cache_read_tokens,
@@ -357,6 +363,26 @@ impl TrajectorySummary {
     }
 }
 
+/// A session's title, from its trajectories (oldest first): the latest title a title call answered, else the
+/// title (first user text) of its first run, else of its first trajectory that has one.
+pub fn session_title<'a>(trajectories: impl IntoIterator<Item = &'a TrajectorySummary>) -> Option<&'a str> {
+    let all: Vec<&TrajectorySummary> = trajectories.into_iter().collect();
+    all.iter()
+        .rev()
+        .filter(|t| t.purpose == Some(Purpose::Title))
+        .find_map(|t| t.title.as_deref())
+        .or_else(|| {
+            all.iter()
+                .filter(|t| t.is_top_level_run())
+                .find_map(|t| t.title.as_deref())
+        })
+        .or_else(|| {
+            all.iter()
+                .filter(|t| t.purpose != Some(Purpose::Title))
+                .find_map(|t| t.title.as_deref())
+        })
+}
+
 /// A trajectory as `llmtap sessions` shows it; rewritten as steps arrive and at close.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrajectorySummary {
@@ -372,6 +398,10 @@ pub struct TrajectorySummary {
     /// The purpose of the trajectory's first call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub purpose: Option<Purpose>,
+    /// What the trajectory is about, in a line (`derive::context`): for a title call the title it answered,
+    /// otherwise its first user text without injected context. None for warmups, quota probes and compaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub cache_read_tokens: u64,

@@ -2,7 +2,7 @@
 // The assertions live in tests/viewer.rs; this script only looks and takes screenshots.
 //
 // usage: node viewer.mjs <viewer base URL> <session id> <call id> <screenshot dir> <native session id>
-//        <a trajectory id of that session>
+//        <a trajectory id of that session> <a call whose diff to look at> <trajectory A> <trajectory B>
 // Protocol: prints "READY-FOR-CALL" once the sessions list is open, then waits (up to 30 s) for a new session
 // row to appear without a reload (the test makes a call meanwhile); then prints "READY-FOR-SESSION-CALL" and
 // waits for the native session's row to count one more call (the test makes a call in that session), then
@@ -12,7 +12,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-const [base, sessionId, callId, shots, nativeSession, nativeTrajectory] = process.argv.slice(2);
+const [base, sessionId, callId, shots, nativeSession, nativeTrajectory, diffCall, compareA, compareB] = process.argv.slice(2);
 fs.mkdirSync(shots, { recursive: true });
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'llmtap-chromium-'));
 const browser = await chromium.launchPersistentContext(profile, {
@@ -24,7 +24,10 @@ const browser = await chromium.launchPersistentContext(profile, {
 });
 const report = { console_errors: [], csp: null };
 try {
+  // "Copy as JSON" writes the clipboard; the script reads it back.
+  await browser.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: new URL(base).origin });
   const page = browser.pages()[0] || (await browser.newPage());
+  const clipboard = () => page.evaluate(() => navigator.clipboard.readText());
   page.on('console', (m) => { if (m.type() === 'error') report.console_errors.push(m.text()); });
   page.on('pageerror', (e) => report.console_errors.push(String(e)));
   const ready = () => page.waitForSelector('main[data-ready]', { timeout: 20000 });
@@ -33,7 +36,8 @@ try {
   report.csp = first.headers()['content-security-policy'] || null;
   await ready();
   report.sessions = await page.$$eval('#sessions tr', (rows) => rows.map((r) => ({
-    id: r.dataset.id, cells: [...r.children].map((c) => c.textContent) })));
+    id: r.dataset.id, cells: [...r.children].map((c) => c.textContent),
+    title: r.querySelector('td.session .title')?.textContent ?? null })));
   await page.screenshot({ path: path.join(shots, 'sessions.png'), fullPage: true });
 
   await page.goto(base + '#/s/' + encodeURIComponent(sessionId));
@@ -67,7 +71,46 @@ try {
       steps: document.querySelectorAll('#steps .step').length,
     }))),
   };
+  report.claude.title = await page.$eval('#session-title', (e) => e.firstChild.textContent.trim());
+  report.claude.tree_titles = await page.$$eval('#tree .node', (nodes) => nodes.map((n) => ({
+    purpose: n.dataset.purpose ?? null, title: n.querySelector('.ttl')?.textContent ?? null })));
+  // The injected context of the first user step: folded under its summary line, opened by a click.
+  const injected = page.locator('#steps details.injected').first();
+  report.claude.injected = {
+    count: await page.locator('#steps details.injected').count(),
+    open_before: await injected.evaluate((d) => d.open),
+    visible_before: await injected.locator('pre').isVisible(),
+    summary: await injected.locator('summary').textContent(),
+    user_text: await page.locator('#steps .step.user .user-text').first().textContent(),
+  };
   await page.screenshot({ path: path.join(shots, 'session-native.png'), fullPage: true });
+  await injected.locator('summary').click();
+  report.claude.injected.open_after = await injected.evaluate((d) => d.open);
+  report.claude.injected.visible_after = await injected.locator('pre').isVisible();
+  report.claude.injected.text = await injected.locator('pre').textContent();
+  await page.locator('#steps .step').first().screenshot({ path: path.join(shots, 'step-context-open.png') });
+  // A long tool output (none of the recordings has one): the page's own renderer, cut, then shown whole.
+  report.claude.show_all = await page.evaluate(() => {
+    const text = Array.from({ length: 100 }, (_, i) => 'line ' + i).join('\n');
+    const box = longText(text);
+    document.getElementById('steps').append(box);
+    const before = box.querySelector('pre').textContent.split('\n').length;
+    const label = box.querySelector('button.show-all').textContent;
+    box.querySelector('button.show-all').click();
+    const after = box.querySelector('pre').textContent;
+    box.remove();
+    return { before, label, whole: after === text, button_left: !!box.querySelector('button.show-all') };
+  });
+  // Copy as JSON: a step, and the session (with the session's JSON as the API serves it now, before the
+  // test makes more calls in this session).
+  await page.locator('#steps .step').first().locator('button.copy-json').click();
+  await page.waitForFunction(() => document.querySelector('#steps .step button.copy-json').textContent === 'Copied');
+  report.copied_step = await clipboard();
+  await page.click('button.copy-json[data-what="session"]');
+  await page.waitForFunction(() => document.querySelector('button.copy-json[data-what="session"]').textContent === 'Copied');
+  report.copied_session = await clipboard();
+  report.api_session = await page.evaluate(async (id) => (await fetch('api/sessions/' + encodeURIComponent(id))).text(),
+    nativeSession);
   // A link naming one of its trajectories (as written before sessions were grouped) opens the session.
   await page.goto(base + '#/s/' + encodeURIComponent(nativeTrajectory));
   await ready();
@@ -80,6 +123,30 @@ try {
     text: document.getElementById('main').innerText,
   }));
   await page.screenshot({ path: path.join(shots, 'call.png'), fullPage: true });
+  await page.click('button.copy-json[data-what="call"]');
+  await page.waitForFunction(() => document.querySelector('button.copy-json[data-what="call"]').textContent === 'Copied');
+  report.copied_call = await clipboard();
+
+  // What a later call added to its conversation.
+  await page.goto(base + '#/c/' + encodeURIComponent(diffCall));
+  await ready();
+  report.diff = await page.evaluate(() => ({
+    against: document.getElementById('diff').dataset.against,
+    added: [...document.querySelectorAll('#diff .diff-added')].map((e) => ({
+      head: e.querySelector('b')?.textContent ?? null, text: e.querySelector('pre')?.textContent ?? null })),
+    removed: document.querySelectorAll('#diff .diff-removed').length,
+    same: [...document.querySelectorAll('#diff .diff-same')].map((e) => e.textContent),
+  }));
+  await page.locator('#diff').screenshot({ path: path.join(shots, 'call-diff.png') });
+
+  // Two runs of the same task side by side.
+  await page.goto(base + '#/cmp/' + encodeURIComponent(compareA) + '/' + encodeURIComponent(compareB));
+  await ready();
+  report.compare = await page.evaluate(() => ({
+    rows: [...document.querySelectorAll('#compare tbody tr')].map((r) => ({
+      kind: r.className, steps: [...r.children].map((c) => c.querySelector('.step')?.dataset.index ?? null) })),
+  }));
+  await page.screenshot({ path: path.join(shots, 'compare.png'), fullPage: true });
 
   await page.goto(base + '#/');
   await ready();

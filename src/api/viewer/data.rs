@@ -8,13 +8,16 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use rust_decimal::Decimal;
 use serde_json::{Map, Value, json};
 
+use crate::derive::context;
 use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, Outcome};
-use crate::model::step::{Purpose, Step, TrajectorySummary};
+use crate::model::step::{Purpose, Step, StepRole, TrajectorySummary, session_title};
 use crate::model::trace::{ProviderTrace, rfc3339};
 use crate::model::usage::Usage;
 use crate::proxy::redact::Redactor;
 use crate::store::{CallHead, Query, SessionQuery, StoreError};
+
+use super::diff;
 
 /// What the data functions need besides the store.
 pub struct Context {
@@ -51,6 +54,7 @@ pub fn list_sessions(reader: &dyn Query, query: &SessionQuery) -> Result<Value, 
             "id": head.session,
             "session_id": head.session,
             "agent": lead.and_then(|t| t.agent.clone()),
+            "title": session_title(summaries.iter().copied()),
             "models": totals.models.iter().collect::<Vec<_>>(),
             "started_at": rfc3339(head.started_us),
             "trajectories": trajectories.len(),
@@ -101,6 +105,7 @@ pub fn session(reader: &dyn Query, id: &str) -> Result<Option<Value>, StoreError
         "session_id": session,
         "focus": focus,
         "agent": lead.and_then(|t| t.agent.clone()),
+        "title": session_title(summaries.iter().copied()),
         "started_at": rows.first().map(|(started, _)| rfc3339(*started)),
         "totals": all.to_json(),
         "trajectories": trajectories,
@@ -117,6 +122,7 @@ fn trajectory_json(s: &TrajectorySummary, totals: &Totals) -> Value {
         "llm_calls": s.llm_calls,
         "call_types": s.call_types,
         "purpose": s.purpose.map(|p| p.as_str()),
+        "title": s.title,
         "started_at": s.started_at,
         "ended_at": s.ended_at,
         "parent_trajectory_id": s.parent_trajectory_id,
@@ -256,13 +262,111 @@ pub fn steps(reader: &dyn Query, trajectory: &str, after: Option<u32>, limit: u3
     Ok(json!({ "steps": steps, "next": next }))
 }
 
-/// A step with the cost of the call it came from (priced like the call page: from the stored trace's usage).
+/// A step with the cost of the call it came from (priced like the call page: from the stored trace's usage),
+/// and, where a user turn or a tool result holds context the client injected (`derive::context`), its text in
+/// `content_parts` (the person's text and the injected blocks with a summary line) for the page to fold.
 fn step_json(s: &Step, call: Option<&CallHead>) -> Value {
     let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
-    if let (Value::Object(map), Some(c)) = (&mut v, call) {
+    let Value::Object(map) = &mut v else { return v };
+    if let Some(c) = call {
         map.insert("cost".into(), head_cost(c));
     }
+    if s.role == StepRole::User
+        && let Some(parts) = s.content.as_deref().and_then(injected_parts)
+    {
+        map.insert("content_parts".into(), parts);
+    }
+    if let Some(Value::Array(observations)) = map.get_mut("observations") {
+        for (o, stored) in observations.iter_mut().zip(&s.observations) {
+            if let (Value::Object(o), Some(parts)) = (o, stored.content.as_deref().and_then(injected_parts)) {
+                o.insert("content_parts".into(), parts);
+            }
+        }
+    }
     v
+}
+
+/// `text` as segments when it holds an injected block; None when it is all the person's (the page shows
+/// `content` as it is).
+fn injected_parts(text: &str) -> Option<Value> {
+    let segments = context::segments(text);
+    segments
+        .iter()
+        .any(|s| s.injected.is_some())
+        .then(|| serde_json::to_value(&segments).unwrap_or(Value::Null))
+}
+
+/// What changed in call `id`'s request since `against` (default: the previous call of its trajectory), as
+/// `diff::requests` says; `against` null when there is none to compare with.
+pub fn call_diff(reader: &StoreReader, id: &str, against: Option<&str>) -> Result<Option<Value>, StoreError> {
+    let Some(trace) = reader.trace(id)? else {
+        return Ok(None);
+    };
+    let other = match against {
+        Some(a) => match reader.trace(a)? {
+            Some(t) => Some(t),
+            None => return Ok(None),
+        },
+        None => reader.previous_call(&trace)?,
+    };
+    let new = trace.request.to_value();
+    let (against_id, diff) = match &other {
+        Some(o) => (
+            Some(o.id.clone()),
+            diff::requests(trace.api, &o.request.to_value(), &new),
+        ),
+        // The first call: everything is added.
+        None => (None, diff::requests(trace.api, &Value::Null, &new)),
+    };
+    Ok(Some(json!({
+        "id": trace.id,
+        "trajectory_id": trace.trajectory_id,
+        "against": against_id,
+        "against_trajectory_id": other.as_ref().and_then(|o| o.trajectory_id.clone()),
+        "diff": diff,
+    })))
+}
+
+/// The trajectory `id` names, or, for a session id, the session's first run (two runs of one task are often two
+/// sessions).
+fn compared(reader: &StoreReader, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
+    if let Some(t) = reader.trajectory(id)? {
+        return Ok(Some(t));
+    }
+    let rows = reader.session_trajectories(id)?;
+    let summaries: Vec<&TrajectorySummary> = rows.iter().map(|(_, t)| t).collect();
+    Ok(lead_trajectory(&summaries).cloned())
+}
+
+/// Steps compared side by side, at most this many of each trajectory.
+const COMPARED_STEPS: u32 = 1_000;
+
+/// Two trajectories side by side: each one's summary and steps, and `rows` pairing their steps (`a`, `b`: the
+/// step's position in its list, null where the other has no counterpart), aligned by `diff::align_steps`.
+pub fn compare(reader: &StoreReader, a: &str, b: &str) -> Result<Option<Value>, StoreError> {
+    let (Some(sa), Some(sb)) = (compared(reader, a)?, compared(reader, b)?) else {
+        return Ok(None);
+    };
+    let steps_a = reader.steps_page(&sa.trajectory_id, None, COMPARED_STEPS)?;
+    let steps_b = reader.steps_page(&sb.trajectory_id, None, COMPARED_STEPS)?;
+    let rows: Vec<Value> = diff::align_steps(&steps_a, &steps_b)
+        .into_iter()
+        .map(|(i, j)| json!({"a": i, "b": j}))
+        .collect();
+    let side = |s: &TrajectorySummary, steps: &[Step]| -> Result<Value, StoreError> {
+        let mut totals = Totals::default();
+        for call in reader.call_heads(&s.trajectory_id)? {
+            totals.add(&call);
+        }
+        Ok(json!({
+            "trajectory": trajectory_json(s, &totals),
+            "steps": steps.iter().map(|st| step_json(st, None)).collect::<Vec<_>>(),
+            "truncated": steps.len() as u32 >= COMPARED_STEPS,
+        }))
+    };
+    Ok(Some(
+        json!({ "a": side(&sa, &steps_a)?, "b": side(&sb, &steps_b)?, "rows": rows }),
+    ))
 }
 
 fn head_cost(c: &CallHead) -> Value {

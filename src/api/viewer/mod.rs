@@ -12,6 +12,7 @@
 //! the store).
 
 pub mod data;
+mod diff;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -227,6 +228,18 @@ impl Viewer {
             ["api", "calls", id] => {
                 let id = decode(id);
                 self.read(move |r, ctx| data::call(r, ctx, &id)).await
+            }
+            ["api", "calls", id, "diff"] => {
+                let id = decode(id);
+                let against = q.get("against").filter(|a| !a.is_empty()).cloned();
+                self.read(move |r, _| data::call_diff(r, &id, against.as_deref())).await
+            }
+            ["api", "compare"] => {
+                let (a, b) = (
+                    q.get("a").cloned().unwrap_or_default(),
+                    q.get("b").cloned().unwrap_or_default(),
+                );
+                self.read(move |r, _| data::compare(r, &a, &b)).await
             }
             ["api", "export", format] => self.export(format, q.get("session").cloned()),
             ["api", "events"] => self.events(),

@@ -1,6 +1,7 @@
 // llmtap viewer: plain JS, no build step. Pages are rendered from the JSON API with DOM nodes and textContent
 // only (captured content is never parsed as HTML). Routes: #/ sessions, #/s/<session>[?t=<trajectory>] session
-// (a trajectory id in place of the session id opens its session), #/c/<id> call.
+// (a trajectory id in place of the session id opens its session), #/c/<id> call, #/d/<id>[?against=<id>] what
+// changed in a call's request, #/cmp/<a>/<b> two trajectories (or sessions' first runs) side by side.
 'use strict';
 
 const main = document.getElementById('main');
@@ -56,6 +57,47 @@ function dur(ms) {
 }
 const time = (s) => (s ? new Date(s).toLocaleString() : '');
 const json = (v) => JSON.stringify(v, null, 2);
+const shortId = (id) => (id.length > 36 ? id.slice(0, 35) + '…' : id);
+
+// Copy text; where the page has no clipboard (plain HTTP beyond loopback is not a secure context), show it
+// selected in a box instead.
+async function copyText(text, btn) {
+  try {
+    await navigator.clipboard.writeText(text);
+    btn.textContent = 'Copied';
+  } catch (e) {
+    const box = h('textarea', { class: 'copybox', readonly: true, rows: 8 });
+    box.value = text;
+    btn.after(box);
+    box.select();
+    btn.textContent = 'Copy the selected text';
+  }
+}
+// A button copying `value` as the JSON the API returned for it.
+const copyJson = (label, what, value) => {
+  const b = h('button', { class: 'copy-json', 'data-what': what, onclick: () => copyText(JSON.stringify(value, null, 2), b) }, label);
+  return b;
+};
+
+// Long text (a tool's output): the first lines, and a button that shows the rest.
+const LONG_LINES = 40, LONG_CHARS = 4000;
+function longText(text) {
+  const lines = text.split('\n');
+  if (lines.length <= LONG_LINES && text.length <= LONG_CHARS) return h('pre', {}, text);
+  const head = lines.slice(0, LONG_LINES).join('\n').slice(0, LONG_CHARS);
+  const pre = h('pre', { class: 'cut' }, head);
+  const more = h('button', { class: 'show-all', onclick: () => { pre.textContent = text; pre.classList.remove('cut'); more.remove(); } },
+    'show all (' + num(lines.length) + ' lines, ' + num(text.length) + ' chars)');
+  return h('div', { class: 'long' }, pre, more);
+}
+
+// A text the server split into the person's text and context the client injected (`content_parts`): the
+// injected blocks folded under their summary line.
+function withContext(parts, textClass) {
+  return parts.map((p) => (p.injected
+    ? h('details', { class: 'injected', 'data-tag': p.injected }, h('summary', {}, p.summary), h('pre', {}, p.text))
+    : h('div', { class: textClass }, p.text.trim())));
+}
 
 // --- live events: one EventSource for the page; views register a handler ---
 let onLive = null;
@@ -106,7 +148,8 @@ async function sessionsPage(params) {
   const row = (s) => {
     const t = s.totals;
     return h('tr', { class: !first && !seen.has(s.id) ? 'new' : null, 'data-id': s.id },
-      h('td', {}, h('a', { href: '#/s/' + enc(s.id), title: s.id }, s.id.length > 36 ? s.id.slice(0, 35) + '…' : s.id)),
+      h('td', { class: 'session' }, h('a', { href: '#/s/' + enc(s.id), title: s.id, class: s.title ? 'title' : 'id' }, s.title || shortId(s.id)),
+        s.title ? h('div', { class: 'muted sid' }, shortId(s.id)) : null),
       h('td', {}, s.agent || ''),
       h('td', {}, s.models.join(', ')), h('td', {}, time(s.started_at)),
       h('td', { class: 'num' }, dur(t.duration_ms)),
@@ -156,8 +199,18 @@ async function sessionPage(id, params) {
   const stepsBox = h('div', { class: 'steps', id: 'steps' });
   const treeBox = h('div', { class: 'tree', id: 'tree' });
   const timeline = h('div', { class: 'timeline', id: 'timeline' });
-  render(h('h1', {}, (s.agent || 'session') + ' ', h('span', { class: 'muted' }, s.id)),
-    totals, exports, h('h2', {}, 'Trajectories'), treeBox, h('h2', {}, 'Timeline'), timeline,
+  const compareWith = h('input', { name: 'other', placeholder: 'another trajectory or session id', size: 36 });
+  const compareFrom = h('select', { name: 'from' }, s.trajectories.map((tr) =>
+    h('option', { value: tr.id }, (tr.run ? '#' + tr.run + ' ' : '') + (tr.agent || 'agent') + ' · ' + (tr.title || tr.id).slice(0, 50))));
+  const compare = h('form', { class: 'filters compare', onsubmit: (e) => {
+    e.preventDefault();
+    if (compareWith.value.trim()) location.hash = '#/cmp/' + enc(compareFrom.value) + '/' + enc(compareWith.value.trim());
+  } }, h('span', { class: 'muted' }, 'Compare '), compareFrom, h('span', { class: 'muted' }, ' with '), compareWith,
+  h('button', { type: 'submit' }, 'Compare'));
+  render(h('h1', { id: 'session-title' }, (s.title || s.agent || 'session') + ' ', h('span', { class: 'muted' }, s.id)),
+    s.title && s.agent ? h('p', { class: 'muted' }, s.agent) : null,
+    totals, h('div', { class: 'exports' }, exports, copyJson('Copy session as JSON', 'session', s)), compare,
+    h('h2', {}, 'Trajectories'), treeBox, h('h2', {}, 'Timeline'), timeline,
     h('h2', { id: 'steps-title' }, 'Steps'), stepsBox);
 
   // Tree, as the server arranged it (`under`): runs, their sub-agents under the tool call that started them,
@@ -176,7 +229,8 @@ async function sessionPage(id, params) {
     const label = h('span', { class: 'node' + (tr.id === selected ? ' sel' : '') + (tr.side ? ' dim' : ''),
       'data-id': tr.id, 'data-purpose': tr.purpose, onclick: () => select(tr.id) },
     tr.run ? h('span', { class: 'run' }, '#' + tr.run) : null,
-    h('b', {}, tr.agent || 'agent'), ' ', h('span', { class: 'via' }, how), ' · ',
+    h('b', {}, tr.agent || 'agent'), ' ', h('span', { class: 'via' }, how),
+    tr.title ? h('span', { class: 'ttl', title: tr.title }, tr.title) : null, ' · ',
     num(tr.steps) + ' steps · ' + num(tr.llm_calls) + ' calls · ' + cost(tr.totals));
     const children = (kids.get(tr.id) || []).map(node);
     return h('li', {}, label, children.length ? h('ul', {}, children) : null);
@@ -256,9 +310,11 @@ function stepCard(st) {
       st.role === 'agent' ? h('span', {}, num(st.token_usage.input_tokens) + ' in / ' + num(st.token_usage.output_tokens) + ' out') : null,
       st.cost ? h('span', { class: 'cost' }, callCost(st.cost)) : null,
       st.status !== 'ok' ? h('span', { class: 'err' }, st.status + (st.error ? ': ' + st.error : '')) : null,
-      st.provider_trace_id ? h('a', { href: '#/c/' + enc(st.provider_trace_id) }, 'call') : null),
+      st.provider_trace_id ? h('a', { href: '#/c/' + enc(st.provider_trace_id) }, 'call') : null,
+      copyJson('copy JSON', 'step', st)),
     st.reasoning_content ? h('details', {}, h('summary', {}, 'reasoning'), h('div', { class: 'text reasoning' }, st.reasoning_content)) : null,
-    st.content ? h('div', { class: 'text' + (user ? ' user-text' : '') }, st.content) : null,
+    st.content_parts ? withContext(st.content_parts, 'text user-text')
+      : st.content ? h('div', { class: 'text' + (user ? ' user-text' : '') }, st.content) : null,
     st.tool_calls.map((tc) => {
       const r = results.get(tc.tool_call_id);
       return h('div', { class: 'tool' },
@@ -266,7 +322,7 @@ function stepCard(st) {
           tc.duration_ms !== undefined ? ' · ' + dur(tc.duration_ms) : ''),
         h('pre', { class: 'args' }, json(tc.input)),
         r ? h('div', { class: 'result' + (r.error ? ' err' : '') }, h('span', { class: 'muted' }, r.error ? 'result (' + r.error + ')' : 'result'),
-          h('pre', {}, r.content ?? r.output_summary ?? '')) : h('div', { class: 'muted' }, 'no result yet'));
+          r.content_parts ? withContext(r.content_parts, 'text') : longText(r.content ?? r.output_summary ?? '')) : h('div', { class: 'muted' }, 'no result yet'));
     }),
     st.snippets.length ? h('details', {}, h('summary', {}, st.snippets.length + ' snippets'),
       st.snippets.map((sn) => h('div', {}, h('span', { class: 'muted' }, (sn.file_path || '') + (sn.start_line ? ':' + sn.start_line : '')),
@@ -292,10 +348,12 @@ async function callPage(id) {
   const copy = h('button', { onclick: async () => {
     try { await navigator.clipboard.writeText(c.curl); copy.textContent = 'Copied'; } catch (e) { copy.textContent = 'Select the text below'; }
   } }, 'Copy as curl');
+  const diffBox = h('div', { id: 'diff-box' }, diffView(await get('api/calls/' + enc(id) + '/diff')));
   render(
     h('h1', {}, 'Call ', h('span', { class: 'muted' }, c.id)),
     h('p', {}, c.session ? h('a', { href: '#/s/' + enc(c.session) }, '← session') : null, ' ',
-      c.previous_call ? h('a', { href: '#/c/' + enc(c.previous_call) }, 'previous call') : null),
+      c.previous_call ? h('a', { href: '#/c/' + enc(c.previous_call) }, 'previous call') : null, ' ',
+      copyJson('Copy call as JSON', 'call', c)),
     kv([['Model', c.model || ''], ['API', c.api + ' ' + c.method + ' ' + c.path],
       ['Status', h('span', { class: c.status >= 400 ? 'err' : '' }, (c.status ?? '') + ' ' + c.outcome + (c.error ? ' — ' + c.error : ''))],
       ['Started', time(c.timings.started_at)], ['Duration', dur(c.timings.duration_ms)],
@@ -303,9 +361,7 @@ async function callPage(id) {
       ['Usage', num(u.input) + ' in (cache read ' + num(u.cache_read ?? 0) + ', cache write ' + num(u.cache_write ?? 0) + ') / ' + num(u.output) + ' out' + (u.reasoning ? ' (reasoning ' + num(u.reasoning) + ')' : '')],
       ['Cost', h('span', { id: 'call-cost', title: c.cost && c.cost.unknown ? c.cost.unknown : '' }, callCost(c.cost))],
       ...(c.cost && !c.cost.unknown ? [['Cost split', 'input $' + c.cost.input + ' · cache read $' + c.cost.cache_read + ' · cache write $' + c.cost.cache_write + ' · output $' + c.cost.output + ' · reasoning $' + c.cost.reasoning]] : [])]),
-    h('h2', {}, 'New in this request'),
-    h('p', { class: 'muted' }, r.history + ' earlier message(s) repeated from the previous call (history).'),
-    (r.new_messages || []).map((m) => h('div', { class: 'msg' }, h('b', {}, m.role || m.type || ''), h('pre', {}, msgText(m)))),
+    h('h2', {}, 'Changes since the previous call'), diffBox,
     r.system ? h('details', {}, h('summary', {}, 'system prompt'), h('pre', {}, typeof r.system === 'string' ? r.system : json(r.system))) : null,
     h('details', { id: 'tools' }, h('summary', {}, (r.tools || []).length + ' tool definitions'), h('pre', {}, json(r.tools))),
     h('details', {}, h('summary', {}, 'parameters'), h('pre', {}, json(r.params))),
@@ -321,6 +377,55 @@ async function callPage(id) {
   onLive = null;
 }
 
+// What changed in a call's request against another (the previous call of its trajectory unless `against`):
+// messages added and removed (unchanged runs folded), the system prompt, tools and parameters.
+function diffView(d) {
+  const x = d.diff;
+  const sysText = (v) => (v === null || v === undefined ? '(none)' : typeof v === 'string' ? v : json(v));
+  const t = x.tools;
+  const toolChanges = [['added', t.added], ['removed', t.removed], ['changed', t.changed]].filter(([, n]) => n.length)
+    .map(([k, n]) => h('span', { class: 'diff-tools-' + k }, k + ': ' + n.join(', ')));
+  const params = Object.entries(x.params);
+  return h('div', { class: 'diff', id: 'diff', 'data-against': d.against || '' },
+    h('p', { class: 'muted' }, d.against
+      ? ['Against ', h('a', { href: '#/c/' + enc(d.against) }, d.against), ': ']
+      : 'The first call of its trajectory: everything is new. ',
+    num(x.added) + ' message(s) added, ' + num(x.removed) + ' removed, ' + num(x.same) + ' unchanged.'),
+    // The first call has nothing to compare its system prompt, tools and parameters with (shown below it).
+    !d.against ? null : x.system.changed
+      ? h('details', { class: 'diff-system', open: true }, h('summary', {}, 'system prompt changed'),
+        h('div', { class: 'cols' }, h('pre', { class: 'diff-removed' }, sysText(x.system.old)), h('pre', { class: 'diff-added' }, sysText(x.system.new))))
+      : h('div', { class: 'muted' }, 'System prompt unchanged.'),
+    !d.against ? null : h('div', { class: toolChanges.length ? '' : 'muted' }, 'Tools (' + num(t.count) + '): ', toolChanges.length ? toolChanges : 'unchanged.'),
+    d.against && params.length ? h('pre', { class: 'diff-params' }, params.map(([k, v]) => k + ': ' + JSON.stringify(v.old) + ' → ' + JSON.stringify(v.new)).join('\n')) : null,
+    x.messages.map((o) => (o.op === 'same'
+      ? h('div', { class: 'diff-same muted' }, '… ' + num(o.count) + ' unchanged message(s)')
+      : h('div', { class: 'msg diff-' + o.op }, h('b', {}, (o.op === 'added' ? '+ ' : '− ') + (o.message.role || o.message.type || '')),
+        o.content_parts ? withContext(o.content_parts, 'text') : h('pre', {}, msgText(o.message))))));
+}
+
+async function diffPage(id, params) {
+  const against = params.get('against');
+  const d = await get('api/calls/' + enc(id) + '/diff' + (against ? '?against=' + enc(against) : ''));
+  render(h('h1', {}, 'Call ', h('a', { href: '#/c/' + enc(d.id) }, d.id), h('span', { class: 'muted' }, ' what changed')), diffView(d));
+  main.dataset.ready = '1';
+}
+
+// Two trajectories side by side, steps aligned (the same task run twice lines up step for step).
+async function comparePage(a, b) {
+  const c = await get('api/compare?a=' + enc(a) + '&b=' + enc(b));
+  const head = (side) => {
+    const tr = side.trajectory;
+    return h('th', {}, h('a', { href: '#/s/' + enc(tr.id) }, tr.title || tr.agent || tr.id), h('div', { class: 'muted' },
+      tr.id + ' · ' + num(tr.steps) + ' steps · ' + num(tr.llm_calls) + ' calls · ' + cost(tr.totals) + ' · ' + dur(tr.totals.duration_ms)));
+  };
+  const cell = (side, i) => h('td', {}, i === null ? h('div', { class: 'muted' }, '—') : stepCard(side.steps[i]));
+  render(h('h1', {}, 'Compare'), h('table', { class: 'compare', id: 'compare' },
+    h('thead', {}, h('tr', {}, head(c.a), head(c.b))),
+    h('tbody', {}, c.rows.map((r) => h('tr', { class: r.a === null ? 'only-b' : r.b === null ? 'only-a' : 'both' }, cell(c.a, r.a), cell(c.b, r.b))))));
+  main.dataset.ready = '1';
+}
+
 async function route() {
   delete main.dataset.ready;
   onLive = null;
@@ -329,6 +434,11 @@ async function route() {
   try {
     if (path.startsWith('/s/')) await sessionPage(decodeURIComponent(path.slice(3)), new URLSearchParams(qs || ''));
     else if (path.startsWith('/c/')) await callPage(decodeURIComponent(path.slice(3)));
+    else if (path.startsWith('/d/')) await diffPage(decodeURIComponent(path.slice(3)), new URLSearchParams(qs || ''));
+    else if (path.startsWith('/cmp/')) {
+      const [a, b] = path.slice(5).split('/').map(decodeURIComponent);
+      await comparePage(a, b || '');
+    }
     else await sessionsPage(new URLSearchParams(qs || ''));
   } catch (e) {
     render(h('p', { class: 'err' }, String(e)));
