@@ -295,10 +295,16 @@ impl TrajectorySummary {
         }
         self.steps = self.steps.max(other.steps);
         self.llm_calls += other.llm_calls;
+        // Purpose and title are learned from a trajectory's first call: the earlier part's win.
         self.purpose = if earlier {
             other.purpose.or(self.purpose)
         } else {
             self.purpose.or(other.purpose)
+        };
+        self.title = if earlier {
+            other.title.or(self.title.take())
+        } else {
+            self.title.take().or(other.title)
         };
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;

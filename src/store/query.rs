@@ -24,6 +24,8 @@ pub trait Query {
     /// Every trajectory of a session, oldest first, with its start in Unix micros, without system prompts and
     /// tool definitions.
     fn session_trajectories(&self, session: &str) -> Result<Vec<(i64, TrajectorySummary)>, StoreError>;
+    /// One trajectory by id, with its system prompts and tool definitions.
+    fn trajectory(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError>;
     /// Every call of a trajectory, oldest first, without bodies.
     fn call_heads(&self, trajectory_id: &str) -> Result<Vec<CallHead>, StoreError>;
     /// One call without bodies.
@@ -81,6 +83,9 @@ impl Query for StoreReader {
     }
     fn session_trajectories(&self, session: &str) -> Result<Vec<(i64, TrajectorySummary)>, StoreError> {
         StoreReader::session_trajectories(self, session)
+    }
+    fn trajectory(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
+        StoreReader::trajectory(self, id)
     }
     fn call_heads(&self, trajectory_id: &str) -> Result<Vec<CallHead>, StoreError> {
         StoreReader::call_heads(self, trajectory_id)

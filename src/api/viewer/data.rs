@@ -298,7 +298,7 @@ fn injected_parts(text: &str) -> Option<Value> {
 
 /// What changed in call `id`'s request since `against` (default: the previous call of its trajectory), as
 /// `diff::requests` says; `against` null when there is none to compare with.
-pub fn call_diff(reader: &StoreReader, id: &str, against: Option<&str>) -> Result<Option<Value>, StoreError> {
+pub fn call_diff(reader: &dyn Query, id: &str, against: Option<&str>) -> Result<Option<Value>, StoreError> {
     let Some(trace) = reader.trace(id)? else {
         return Ok(None);
     };
@@ -329,7 +329,7 @@ pub fn call_diff(reader: &StoreReader, id: &str, against: Option<&str>) -> Resul
 
 /// The trajectory `id` names, or, for a session id, the session's first run (two runs of one task are often two
 /// sessions).
-fn compared(reader: &StoreReader, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
+fn compared(reader: &dyn Query, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
     if let Some(t) = reader.trajectory(id)? {
         return Ok(Some(t));
     }
@@ -343,7 +343,7 @@ const COMPARED_STEPS: u32 = 1_000;
 
 /// Two trajectories side by side: each one's summary and steps, and `rows` pairing their steps (`a`, `b`: the
 /// step's position in its list, null where the other has no counterpart), aligned by `diff::align_steps`.
-pub fn compare(reader: &StoreReader, a: &str, b: &str) -> Result<Option<Value>, StoreError> {
+pub fn compare(reader: &dyn Query, a: &str, b: &str) -> Result<Option<Value>, StoreError> {
     let (Some(sa), Some(sb)) = (compared(reader, a)?, compared(reader, b)?) else {
         return Ok(None);
     };

@@ -233,6 +233,20 @@ impl Query for PgStore {
         })
     }
 
+    fn trajectory(&self, id: &str) -> Result<Option<TrajectorySummary>, StoreError> {
+        let display = self.display.clone();
+        let id = id.to_owned();
+        let rows = self.block(|c| async move {
+            c.query(
+                &format!("SELECT {TRAJECTORY_COLUMNS} FROM trajectory_parts WHERE trajectory_id = $1"),
+                &[&id],
+            )
+            .await
+            .map_err(|e| db_error(&display, e))
+        })?;
+        Ok(merged(rows)?.pop().map(|(_, t)| t))
+    }
+
     fn call_heads(&self, trajectory_id: &str) -> Result<Vec<CallHead>, StoreError> {
         self.heads_where("trajectory_id = $1", trajectory_id.to_owned())
     }
