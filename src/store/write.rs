@@ -71,7 +71,9 @@ impl StoreTx {
         }
         let n = records.len() as u64;
         let held = self.in_flight.hold(&records);
+        self.metrics.store_pending.add(n);
         if self.tx.send((records, held)).is_err() {
+            self.metrics.store_pending.sub(n);
             self.metrics.store_dropped.add(n);
         }
     }
@@ -232,6 +234,8 @@ fn run(
             metrics.store_ok();
             publish_export_head(&conn, &metrics);
         }
+        // Stored, quarantined or given up: no longer pending either way.
+        metrics.store_pending.sub(batch.len() as u64);
         let mut i = 0;
         recent.remember(batch.drain(..).filter(|_| {
             i += 1;
