@@ -925,11 +925,12 @@ async fn concurrent_compression_bombs_stay_within_the_capture_budget() {
     assert_eq!(traces.len(), 1 + BOMBS);
     let growth = hwm_kib(tap.pid()) - base;
     println!("peak RSS growth: {growth} KiB with {BOMBS} concurrent bombs");
-    let bound = (QUEUE_BYTES + 2 * BOMB_CAP as u64) / 1024;
+    // One bomb being decoded costs at most 1.5x the cap (see `a_compression_bomb_costs_…`); measured: ~18 MiB.
+    let bound = (QUEUE_BYTES + 3 * BOMB_CAP as u64 / 2) / 1024;
     assert!(
         growth <= bound,
         "{BOMBS} concurrent bombs grew peak RSS by {} MiB; the bound is {} MiB (the {} MiB capture budget and \
-         one bomb decoding)",
+         one bomb decoding, 1.5 times the cap)",
         growth / 1024,
         bound / 1024,
         QUEUE_BYTES >> 20

@@ -893,6 +893,11 @@ mod tests {
         assert!(error.contains("poisoned record"), "{error}");
         assert!(record.contains("\"id\":\"trace-500\""), "{record}");
         assert_eq!(metrics.stored.get(), 999);
+        assert_eq!(
+            metrics.store_pending.get(),
+            0,
+            "stored and quarantined records are no longer pending"
+        );
         assert_eq!(metrics.store_quarantined.get(), 1);
         assert_eq!(metrics.store_dropped.get(), 0);
     }
