@@ -164,6 +164,8 @@ pub struct Metrics {
     /// Gauge: trajectories the deriver holds open (see `derive::MAX_OPEN_TRAJECTORIES`).
     pub derive_open_trajectories: Counter,
     pub stored: Counter,
+    /// Gauge: records handed to the store writer and not yet committed (nor given up or quarantined).
+    pub store_pending: Counter,
     /// WAL checkpoint passes that copied pages, by the checkpoint thread (`store::checkpoint`).
     pub store_checkpoints: Counter,
     pub store_errors: Counter,
@@ -421,6 +423,11 @@ impl Metrics {
                 "llmtap_stored_total",
                 "Records written to the store.",
                 self.stored.get(),
+            ),
+            (
+                "llmtap_store_pending_records",
+                "Records handed to the store writer and not yet committed (an exchange is counted in llmtap_processed_total once its records are here).",
+                self.store_pending.get(),
             ),
             (
                 "llmtap_store_checkpoints_total",

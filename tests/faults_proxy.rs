@@ -470,7 +470,8 @@ async fn accept_failures_are_logged_once_per_episode_and_counted() {
             dir.path().join("data").display(),
             stderr_path.display()
         ))
-        .env("RUST_LOG", "warn")
+        // Each failure after the first is logged at debug level: the test sees the episode go on.
+        .env("RUST_LOG", "warn,llmtap::proxy=debug")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -482,8 +483,10 @@ async fn accept_failures_are_logged_once_per_episode_and_counted() {
     common::wait::poll_until("the first accept failure", Duration::from_secs(15), || {
         std::fs::read_to_string(&stderr_path).is_ok_and(|log| log.contains("Accept failed"))
     });
-    // The fault lasts a second more: accept retries every 50 ms, so about twenty more failures.
-    std::thread::sleep(Duration::from_secs(1));
+    // The fault goes on until five more accepts have failed (the listener cannot serve /metrics meanwhile).
+    common::wait::poll_until("five more accept failures", Duration::from_secs(15), || {
+        std::fs::read_to_string(&stderr_path).is_ok_and(|log| log.matches("Accept retry failed").count() >= 5)
+    });
     drop(held);
     // Descriptors come back as llmtap sees the held connections close; then it answers again.
     let mut metrics = String::new();
@@ -834,18 +837,23 @@ async fn bomb_setup(bomb: Bytes, extra: &str) -> (ScriptedUpstream, Llmtap, temp
 }
 
 /// A compression bomb of NUL bytes (128 MiB inflated, 128 KiB on the wire), as a response and as a request: the
-/// peak memory each adds is bounded by the capture cap, whatever it inflates to and however its text grows when
-/// kept as JSON (decoding, escaping, parsing, redaction, chunking and compression for the store). The bound
-/// asserted is four times the cap (measured 23-25 MiB with the 8 MiB cap, about three times; the issue saw 15):
-/// the decoded body and its escaped copy coexist (twice the cap), plus the store's compression context and
-/// allocator slack. Issue 36 asks for twice the cap; that is not reached yet.
+/// peak memory each adds stays within one and a half times the capture cap, whatever it inflates to and however its
+/// text grows when kept as JSON (decoding, escaping, parsing, redaction, chunking and compression for the store).
+/// Measured: about 9.6 MiB for the response bomb, 10 MiB with the request bomb after it, with the 8 MiB cap (the
+/// decoded body, escaped in its own buffer, and the decoder's first megabyte). Before: 19-25 MiB, the decoded
+/// body and its escaped copy side by side, each grown in 2 MiB huge pages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compression_bomb_costs_a_bounded_multiple_of_the_capture_cap() {
     let bomb = Bytes::from(gzip_zeros(128));
     let (_upstream, tap, _dir) = bomb_setup(bomb.clone(), "").await;
     let client = common::client();
     let base = hwm_kib(tap.pid());
-    let bound = 4 * BOMB_CAP as u64 / 1024;
+    // Issue 36 asks for at most twice the cap. Asserted: one and a half times, that is the cap (the decoded
+    // body, escaped in place) and half of it again for what processing a large body allocates besides its text
+    // (the decoder's first megabyte before it reserves the cap, its state, the 64 KiB view an adapter reads, the
+    // store's compression context). The decoded body and an escaped copy side by side (twice the cap, ~16.5 MiB
+    // measured even without huge pages) do not fit.
+    let bound = (3 * BOMB_CAP as u64 / 2) / 1024;
 
     let reply = common::send(&client, "POST", &tap.url("/local/v1/bomb"), &[], CHAT_REQUEST.into()).await;
     assert_eq!(reply.status, 200);
@@ -871,10 +879,16 @@ async fn a_compression_bomb_costs_a_bounded_multiple_of_the_capture_cap() {
         2,
         "{outcomes:?}"
     );
+    println!(
+        "peak RSS growth: {} KiB with the response bomb, {} KiB with the request bomb after it ({} MiB cap)",
+        response_bomb,
+        both,
+        BOMB_CAP >> 20
+    );
     assert!(
         response_bomb <= bound && both <= bound,
         "peak RSS grew by {} MiB with a response bomb, {} MiB with it and a request bomb after it; the bound is \
-         {} MiB (four times the {} MiB cap)",
+         {} MiB (one and a half times the {} MiB cap)",
         response_bomb / 1024,
         both / 1024,
         bound / 1024,
@@ -910,11 +924,13 @@ async fn concurrent_compression_bombs_stay_within_the_capture_budget() {
     let traces = tap.wait_for_traces(1 + BOMBS);
     assert_eq!(traces.len(), 1 + BOMBS);
     let growth = hwm_kib(tap.pid()) - base;
-    let bound = (QUEUE_BYTES + 2 * BOMB_CAP as u64) / 1024;
+    println!("peak RSS growth: {growth} KiB with {BOMBS} concurrent bombs");
+    // One bomb being decoded costs at most 1.5x the cap (see `a_compression_bomb_costs_…`); measured: ~18 MiB.
+    let bound = (QUEUE_BYTES + 3 * BOMB_CAP as u64 / 2) / 1024;
     assert!(
         growth <= bound,
         "{BOMBS} concurrent bombs grew peak RSS by {} MiB; the bound is {} MiB (the {} MiB capture budget and \
-         one bomb decoding)",
+         one bomb decoding, 1.5 times the cap)",
         growth / 1024,
         bound / 1024,
         QUEUE_BYTES >> 20

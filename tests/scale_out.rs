@@ -359,21 +359,9 @@ impl Replica {
             .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
     }
 
-    /// Everything captured is processed and stored (capture is asynchronous).
-    async fn wait_settled(&self) {
-        let mut last = None;
-        wait_until("the store to settle", 20, || {
-            let stored = self.metric("llmtap_stored_total");
-            let settled = self.metric("llmtap_captured_total") == self.metric("llmtap_processed_total")
-                && stored.is_some()
-                && stored == last;
-            last = stored;
-            if !settled {
-                std::thread::sleep(Duration::from_millis(150));
-            }
-            settled
-        })
-        .await;
+    /// Exchanges this replica has processed (its records handed to the store writer).
+    fn processed(&self) -> u64 {
+        self.metric("llmtap_processed_total").unwrap_or(0)
     }
 
     /// The store's provider traces, read by the CLI (works while llmtap runs and after it stopped).
@@ -645,6 +633,22 @@ struct World {
     dir: tempfile::TempDir,
 }
 
+/// Until `calls` exchanges are processed across `replicas` and committed: an exchange is counted in
+/// `llmtap_processed_total` once its records are with the store writer, and `llmtap_store_pending_records` counts
+/// the records the writer has not committed yet (capture is asynchronous; a `kill -9` loses what is not
+/// committed).
+async fn wait_committed(replicas: &[&Replica], calls: usize) {
+    wait_until("every call committed", 20, || {
+        let pending = replicas
+            .iter()
+            .map(|r| r.metric("llmtap_store_pending_records"))
+            .collect::<Option<Vec<u64>>>();
+        pending.is_some_and(|p| p.iter().all(|&n| n == 0))
+            && replicas.iter().map(|r| r.processed()).sum::<u64>() >= calls as u64
+    })
+    .await;
+}
+
 /// One deployment: `n` replicas (no nginx for the baseline), the sessions replayed, every llmtap stopped with
 /// SIGTERM. Returns provider trace id → recording.
 async fn run_deployment(w: &World, run: &str, balance: Option<Balance>) -> HashMap<String, String> {
@@ -662,9 +666,7 @@ async fn run_deployment(w: &World, run: &str, balance: Option<Balance>) -> HashM
         let base = nginx.as_ref().map_or(format!("http://{}", refs[0].addr()), Nginx::url);
         replay(&base, &all_sessions()).await
     };
-    for r in &replicas {
-        r.wait_settled().await;
-    }
+    wait_committed(&replicas.iter().collect::<Vec<_>>(), calls).await;
     for r in &mut replicas {
         r.terminate();
     }
@@ -823,15 +825,11 @@ async fn failover(w: &mut World) {
     let sessions: Vec<(String, String)> = session_names().into_iter().map(|n| (format!("f-{n}"), n)).collect();
     let (first, rest) = sessions.split_at(sessions.len() / 2 + 1);
     let sent1 = replay(&nginx.url(), first).await;
-    let last_response = Instant::now();
-    for r in &replicas {
-        r.wait_settled().await;
-    }
+    wait_committed(&replicas.iter().collect::<Vec<_>>(), sent1).await;
     let stored: Vec<Vec<Value>> = replicas.iter().map(Replica::traces).collect();
     let v = if stored[0].len() >= stored[1].len() { 0 } else { 1 };
     let victim_session = stored[v][0]["metadata"]["session"].as_str().unwrap().to_owned();
-    // Committed: the store commits within 50 ms of a quiet spell; wait well past it.
-    tokio::time::sleep(Duration::from_millis(1100).saturating_sub(last_response.elapsed())).await;
+    let victim_processed = replicas[v].processed() as usize;
     let victim_ids = stored_chat_ids(&replicas[v]);
     let victim_name = replicas[v].name.clone();
     replicas[v].kill9();
@@ -854,7 +852,8 @@ async fn failover(w: &mut World) {
         nginx.access_log()
     );
     let survivor = &replicas[1 - v];
-    survivor.wait_settled().await;
+    // Everything after the kill went to the survivor.
+    wait_committed(&[survivor], sent1 + sent2 - victim_processed).await;
     let survivor_ids = stored_chat_ids(survivor);
     let total: usize = stored_chat_ids(&replicas[v]).len() + survivor_ids.len();
     assert_eq!(

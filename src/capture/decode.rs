@@ -85,6 +85,9 @@ pub fn decode_body(encoding: Option<&str>, body: Vec<u8>, cap: usize) -> Result<
     Ok(Decoded { bytes: data, truncated })
 }
 
+/// Past this much decoded output, [`read_capped`] reserves the rest of the cap in one step.
+const RESERVE_WHOLE_CAP_PAST: usize = 1 << 20;
+
 /// Read at most `cap` bytes, in a buffer that never grows past `cap` (`read_to_end` doubles its buffer: reading
 /// `cap + 1` bytes ended with room for `2 × cap`, and the copy made while growing held both). Whether there was
 /// more is learnt from one byte read on the side (the rest is never inflated). A cut stream's error after the
@@ -110,9 +113,17 @@ fn read_capped(
             Err(e) => return Err(corrupt(e)),
         };
         if out.capacity() - out.len() < n {
-            // Double, as a `Vec` would, but never past the cap.
-            let room = (out.capacity() * 2).max(8 * 1024).min(cap) - out.len();
-            out.reserve_exact(room.max(n));
+            // Double, as a `Vec` would, up to [`RESERVE_WHOLE_CAP_PAST`]; then room for the whole cap at once.
+            // Growing a large body by doubling held the outgrown buffer next to its copy (1.5 times the body)
+            // and left the freed ones to the allocator: a bomb's peak was twice the cap before it was even
+            // escaped. Room reserved and not written costs address space, not resident memory.
+            let doubled = (out.capacity() * 2).max(8 * 1024);
+            let target = if doubled > RESERVE_WHOLE_CAP_PAST {
+                cap
+            } else {
+                doubled.min(cap)
+            };
+            out.reserve_exact((target - out.len()).max(n));
         }
         out.extend_from_slice(&block[..n]);
     }

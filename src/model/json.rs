@@ -332,50 +332,48 @@ impl JsonText {
 
     /// `text` as a JSON string (a body that was not JSON).
     pub fn string(text: &str) -> JsonText {
-        JsonText::string_within(text.as_bytes(), usize::MAX).0
+        JsonText::string_within(text.as_bytes().to_vec(), usize::MAX).0
     }
 
     /// `bytes` (invalid UTF-8 replaced) as a JSON string of at most `max` bytes, cut at a character when the
-    /// whole would not fit, and whether it was cut. Escaping is written piece by piece into one buffer: a body of
-    /// control characters grows sixfold as JSON (`\u0000`), and a decoded bomb of NUL bytes escaped whole was six
-    /// times the capture cap, with a second copy for the `Value` it went through.
-    pub fn string_within(bytes: &[u8], max: usize) -> (JsonText, bool) {
-        /// Escaped at a time: small enough that stopping at the limit wastes little.
-        const PIECE: usize = 4096;
-        let mut out = Vec::with_capacity(bytes.len().saturating_add(2).min(max));
-        out.push(b'"');
-        // Appends `piece` escaped, if it fits with the closing quote.
-        let push = |out: &mut Vec<u8>, piece: &str| {
-            let escaped = serde_json::Value::from(piece).to_string();
-            let inner = &escaped.as_bytes()[1..escaped.len() - 1];
-            let fits = out.len() + inner.len() < max;
-            if fits {
-                out.extend_from_slice(inner);
-            }
-            fits
-        };
-        let mut cut = false;
-        'chunks: for chunk in bytes.utf8_chunks() {
-            let mut valid = chunk.valid();
-            while !valid.is_empty() {
-                let mut end = valid.len().min(PIECE);
-                while !valid.is_char_boundary(end) {
-                    end -= 1;
-                }
-                let (piece, rest) = valid.split_at(end);
-                valid = rest;
-                if !push(&mut out, piece) {
-                    cut = true;
-                    break 'chunks;
-                }
-            }
-            if !chunk.invalid().is_empty() && !push(&mut out, "\u{FFFD}") {
+    /// whole would not fit, and whether it was cut. The text is escaped in place, in the buffer it came in: a
+    /// body of control characters grows up to sixfold as JSON (`\u0000`), and escaping a decoded compression
+    /// bomb into a second buffer held the decoded body and its escaped copy at once, twice the capture cap.
+    /// First a pass measures how much of the input fits in `max`; the kept input is then moved to the end of
+    /// the escaped length and escaped piece by piece from the front. A piece's escaped text is never shorter
+    /// than the piece, so what is written never reaches input not yet read.
+    pub fn string_within(mut buf: Vec<u8>, max: usize) -> (JsonText, bool) {
+        let mut scratch = Vec::new();
+        // Measure: the input kept (`kept`) and the escaped length with both quotes (`total`).
+        let (mut kept, mut escaped, mut cut) = (0, 0usize, false);
+        while let Some(piece) = next_piece(&buf[kept..]) {
+            let n = escape_piece(&buf[kept..kept + piece.len], piece.valid, &mut scratch);
+            // The opening quote, what is kept, this piece, and room for the closing quote.
+            if 1 + escaped + n >= max {
                 cut = true;
                 break;
             }
+            escaped += n;
+            kept += piece.len;
         }
-        out.push(b'"');
-        (JsonText(Bytes::from(out)), cut)
+        let total = escaped + 2;
+        // Escape: the kept input moved to just before the closing quote, then read from there and written
+        // from the front. Written stays at or behind read: the escaped text of the input before any point is at
+        // least as long as that input.
+        buf.truncate(kept);
+        buf.resize(total, 0);
+        let from = total - 1 - kept;
+        buf.copy_within(0..kept, from);
+        buf[0] = b'"';
+        let (mut write, mut read) = (1, from);
+        while let Some(piece) = next_piece(&buf[read..total - 1]) {
+            let n = escape_piece(&buf[read..read + piece.len], piece.valid, &mut scratch);
+            buf[write..write + n].copy_from_slice(&scratch[1..=n]);
+            write += n;
+            read += piece.len;
+        }
+        buf[total - 1] = b'"';
+        (JsonText(Bytes::from(buf)), cut)
     }
 
     /// Text made from a `JsonText` by replacing string values with other strings (see `pipeline::secrets`):
@@ -414,6 +412,49 @@ impl JsonText {
     pub fn to_value(&self) -> Value {
         serde_json::from_str(self.as_str()).unwrap_or(Value::Null)
     }
+}
+
+/// Escaped at a time by [`JsonText::string_within`]: small enough that stopping at the limit wastes little.
+const PIECE: usize = 4096;
+
+/// A run of input that [`JsonText::string_within`] escapes at once.
+struct Piece {
+    len: usize,
+    /// Valid UTF-8; else one invalid sequence, written as U+FFFD.
+    valid: bool,
+}
+
+/// The next piece at the start of `text`: valid UTF-8 of at most [`PIECE`] bytes ending on a character, or one
+/// invalid sequence. Only the first `PIECE + 3` bytes are looked at, so that the same input is cut the same way
+/// whatever follows it beyond the piece (the measuring pass sees more input than the escaping one).
+fn next_piece(text: &[u8]) -> Option<Piece> {
+    let window = &text[..text.len().min(PIECE + 3)];
+    let chunk = window.utf8_chunks().next()?;
+    let valid = chunk.valid();
+    if valid.is_empty() {
+        return Some(Piece {
+            len: chunk.invalid().len(),
+            valid: false,
+        });
+    }
+    let mut len = valid.len().min(PIECE);
+    while !valid.is_char_boundary(len) {
+        len -= 1;
+    }
+    Some(Piece { len, valid: true })
+}
+
+/// `piece` as serde_json writes it inside a string, into `out` (with the quotes around it, at `out[0]` and at
+/// the end); the length without the quotes.
+fn escape_piece(piece: &[u8], valid: bool, out: &mut Vec<u8>) -> usize {
+    let text = match std::str::from_utf8(piece) {
+        Ok(text) if valid => text,
+        _ => "\u{FFFD}",
+    };
+    out.clear();
+    // Writing a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, text);
+    out.len() - 2
 }
 
 impl fmt::Debug for JsonText {
@@ -477,6 +518,80 @@ mod tests {
         // Serialized inside a record, the body is embedded as JSON, not as a string.
         let rec = serde_json::json!({"request": serde_json::to_value(&text).unwrap()});
         assert_eq!(rec.to_string(), r#"{"request":{"b":1,"a":"x\ny"}}"#);
+    }
+
+    /// What `string_within` must produce: the text (invalid UTF-8 replaced) escaped by serde_json, cut at a
+    /// piece boundary so that it fits in `max` with its quotes.
+    fn escaped_by_serde(bytes: &[u8], max: usize) -> (String, bool) {
+        let mut out = String::from("\"");
+        let mut rest = bytes;
+        while let Some(piece) = next_piece(rest) {
+            let text = match std::str::from_utf8(&rest[..piece.len]) {
+                Ok(t) if piece.valid => t.to_owned(),
+                _ => "\u{FFFD}".to_owned(),
+            };
+            let escaped = serde_json::to_string(&text).unwrap();
+            let inner = &escaped[1..escaped.len() - 1];
+            if out.len() + inner.len() >= max {
+                out.push('"');
+                return (out, true);
+            }
+            out.push_str(inner);
+            rest = &rest[piece.len..];
+        }
+        out.push('"');
+        (out, false)
+    }
+
+    #[test]
+    fn a_text_escaped_in_place_is_what_serde_json_writes_and_fits_its_limit() {
+        // Control characters (six bytes each as JSON), quotes, multi-byte characters, invalid sequences (one
+        // replacement character each) across piece boundaries, at lengths around the piece size.
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        let alphabet: [&[u8]; 9] = [
+            b"a",
+            b"\0",
+            b"\"",
+            b"\\",
+            b"\n",
+            "é".as_bytes(),
+            "😀".as_bytes(),
+            b"\xff",
+            b"\xe2\x82",
+        ];
+        for round in 0..200 {
+            let len = [10, PIECE - 1, PIECE + 2, 3 * PIECE + 5][round % 4];
+            let mut bytes = Vec::new();
+            while bytes.len() < len {
+                bytes.extend_from_slice(alphabet[next() % alphabet.len()]);
+            }
+            for max in [usize::MAX, 2, 7, len, len + 2, 2 * len, 6 * len] {
+                let (text, cut) = JsonText::string_within(bytes.clone(), max);
+                let (expected, expected_cut) = escaped_by_serde(&bytes, max);
+                assert_eq!(
+                    (text.as_str(), cut),
+                    (expected.as_str(), expected_cut),
+                    "round {round}, max {max}"
+                );
+                assert!(text.byte_len() <= max.max(2), "round {round}, max {max}");
+                let back: String = serde_json::from_str(text.as_str()).unwrap();
+                if !cut {
+                    assert_eq!(back, String::from_utf8_lossy(&bytes), "round {round}");
+                }
+            }
+        }
+        let zeros = JsonText::string_within(vec![0; 1 << 20], 1 << 20);
+        assert!(zeros.1);
+        let len = zeros.0.byte_len();
+        assert!(
+            len <= 1 << 20 && len > (1 << 20) - 6 * PIECE - 2,
+            "{len}: as many whole pieces as fit"
+        );
+        assert_eq!(JsonText::string("a \"page\"\n").as_str(), r#""a \"page\"\n""#);
     }
 
     #[test]

@@ -87,6 +87,7 @@ pub fn spawn(
                     Ok(first) => {
                         // One pass: this exchange and those already queued behind it, stored as one batch.
                         let mut records = Vec::new();
+                        let mut exchanges = 0;
                         let mut pass = Pass::new(first);
                         while let Some(exchange) = pass.next(&mut rx) {
                             let mut processed = process::process(exchange, body_cap);
@@ -101,10 +102,13 @@ pub fn spawn(
                                     metrics.process_error(e);
                                 }
                             }
-                            metrics.processed.inc();
+                            exchanges += 1;
                             records.extend(deriver.observe(processed.trace, processed.call));
                         }
                         emit(&store, &metrics, records);
+                        // Counted once their records are with the writer: processed equal to captured and
+                        // nothing pending in the store means everything captured is committed.
+                        metrics.processed.add(exchanges);
                     }
                     // Shutdown: senders may outlive the grace period (a hung upstream on an HTTP/2 stream whose
                     // connection is gone), so the queue's being empty ends the thread, not its closing.

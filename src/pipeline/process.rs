@@ -93,26 +93,42 @@ fn is_event_stream(c: &Captured) -> bool {
 /// its beginning, up to this many bytes.
 const TEXT_VIEW_BYTES: usize = 64 * 1024;
 
-/// A body read without building a `Value`: a borrowed view for the adapter and the text to keep. A body that
-/// is not JSON is kept as a JSON string holding its text (adapters read error pages that way), at most `cap`
-/// bytes of JSON (escaping can make a text six times longer; beyond `cap` it is cut and `truncated` set); the
-/// adapter sees its first [`TEXT_VIEW_BYTES`]. Empty is null.
-fn read_body<'a>(bytes: &'a Bytes, cap: usize, truncated: &mut bool) -> (Json<'a>, JsonText) {
-    if let Some(parsed) = JsonText::parse(bytes) {
-        return parsed;
-    }
+/// A body read without building a `Value`: a borrowed view for the adapter and the text to keep (see
+/// [`text_body`] for a body that is not JSON). Empty is null. The body's buffer is taken from `body` when it is
+/// not JSON (and `body` left empty), so that it can become the kept text: hence a macro, where a function
+/// returning the view borrowed from `body` could not also take it.
+macro_rules! read_body {
+    ($body:ident, $cap:expr, $truncated:expr) => {{
+        let parsed = JsonText::parse(&$body);
+        match parsed {
+            Some(parsed) => parsed,
+            None => {
+                drop(parsed);
+                text_body(std::mem::take(&mut $body), $cap, $truncated)
+            }
+        }
+    }};
+}
+
+/// A body that is not JSON is kept as a JSON string holding its text (adapters read error pages that way), at
+/// most `cap` bytes of JSON (escaping can make a text six times longer; beyond `cap` it is cut and `truncated`
+/// set), escaped in the body's own buffer when nothing else holds it (a decoded body): a decoded compression
+/// bomb of control characters otherwise sat next to its escaped copy, twice the cap. The adapter sees its first
+/// [`TEXT_VIEW_BYTES`]. Empty is null.
+fn text_body(bytes: Bytes, cap: usize, truncated: &mut bool) -> (Json<'static>, JsonText) {
     if bytes.trim_ascii().is_empty() {
         return (Json::Null, JsonText::default());
     }
-    let (kept, cut) = JsonText::string_within(bytes, cap);
-    *truncated |= cut;
     let mut head = bytes.len().min(TEXT_VIEW_BYTES);
     // Not in the middle of a character (an invalid sequence at the end becomes one replacement character).
     while head < bytes.len() && head > 0 && (bytes[head] & 0xC0) == 0x80 {
         head -= 1;
     }
-    let view = String::from_utf8_lossy(&bytes[..head]);
-    (Json::String(view), kept)
+    let view = String::from_utf8_lossy(&bytes[..head]).into_owned();
+    // No copy when this is the only handle on a buffer (see `Vec::from(Bytes)`).
+    let (kept, cut) = JsonText::string_within(Vec::from(bytes), cap);
+    *truncated |= cut;
+    (Json::String(view.into()), kept)
 }
 
 /// `cap`: the most bytes a body may decode to (`capture.max_body_bytes`); beyond it the decoded copy is cut and
@@ -131,13 +147,13 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
     let mut errors = Vec::new();
     let id = ex.id.to_string();
     let mut truncated = false;
-    let request_body = body_buffer(&ex.request, &id, cap, &mut errors, &mut truncated);
-    let (request_view, request) = read_body(&request_body, cap, &mut truncated);
+    let mut request_body = body_buffer(&ex.request, &id, cap, &mut errors, &mut truncated);
+    let (request_view, request) = read_body!(request_body, cap, &mut truncated);
     let adapter = adapter_for(ex.api);
 
     // A stream is rebuilt into the body a non-streamed call would have returned (a `Value`: reassembly merges
     // chunks); a non-streamed body is read like the request.
-    let response_body = match &ex.response {
+    let mut response_body = match &ex.response {
         Some(resp) => body_buffer(resp, &id, cap, &mut errors, &mut truncated),
         None => Bytes::new(),
     };
@@ -199,7 +215,7 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
     }
     let (response_view, response) = match &reassembled {
         Some(v) => (Json::from_value(v), JsonText::from_value(v)),
-        None => read_body(&response_body, cap, &mut truncated),
+        None => read_body!(response_body, cap, &mut truncated),
     };
     if truncated {
         errors.push(ProcessError::DecodedOverCap { id: id.clone(), cap });

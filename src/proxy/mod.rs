@@ -237,7 +237,9 @@ impl Proxy {
                         EpisodeReport::Summary { count } => {
                             tracing::warn!(%error, failures = count, "Accept still failing")
                         }
-                        EpisodeReport::Quiet => {}
+                        // Every failure at debug level: what a test (or an operator) watching one episode
+                        // sees while the listener cannot serve /metrics.
+                        EpisodeReport::Quiet => tracing::debug!(%error, "Accept retry failed"),
                     }
                     // EMFILE and friends: back off instead of spinning.
                     tokio::time::sleep(Duration::from_millis(50)).await;

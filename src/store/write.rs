@@ -72,7 +72,9 @@ impl StoreTx {
         }
         let n = records.len() as u64;
         let held = self.in_flight.hold(&records);
+        self.metrics.store_pending.add(n);
         if self.tx.send((records, held)).is_err() {
+            self.metrics.store_pending.sub(n);
             self.metrics.store_dropped.add(n);
         }
     }
@@ -268,6 +270,8 @@ fn run(
                 feed.commits.send_modify(|n| *n += 1);
             }
         }
+        // Stored, quarantined or given up: no longer pending either way.
+        metrics.store_pending.sub(batch.len() as u64);
         let mut i = 0;
         recent.remember(batch.drain(..).filter(|_| {
             i += 1;
@@ -976,6 +980,11 @@ mod tests {
         assert!(error.contains("poisoned record"), "{error}");
         assert!(record.contains("\"id\":\"trace-500\""), "{record}");
         assert_eq!(metrics.stored.get(), 999);
+        assert_eq!(
+            metrics.store_pending.get(),
+            0,
+            "stored and quarantined records are no longer pending"
+        );
         assert_eq!(metrics.store_quarantined.get(), 1);
         assert_eq!(metrics.store_dropped.get(), 0);
     }

@@ -884,10 +884,10 @@ impl Llmtap {
         }
     }
 
-    /// Every captured exchange processed, and the store's write count stable.
+    /// Every exchange handed to capture so far processed and committed (an exchange is counted processed once
+    /// its records are with the store writer, which counts what it has not committed yet), or 20 s.
     pub fn wait_settled(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        let mut last = u64::MAX;
         while Instant::now() < deadline {
             let m = self.metrics();
             let get = |name: &str| {
@@ -895,12 +895,13 @@ impl Llmtap {
                     .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()))
                     .unwrap_or(0)
             };
-            let stored = get("llmtap_stored_total");
-            if get("llmtap_captured_total") == get("llmtap_processed_total") && stored == last {
+            // Processed may exceed captured: a restart processes what an earlier run left in the spill.
+            if get("llmtap_processed_total ") >= get("llmtap_captured_total ")
+                && get("llmtap_store_pending_records ") == 0
+            {
                 return;
             }
-            last = stored;
-            std::thread::sleep(Duration::from_millis(150));
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
