@@ -91,6 +91,7 @@ pub fn spawn(
                         let mut records = Vec::new();
                         let mut pass = Pass::new(first);
                         while let Some(exchange) = pass.next(&mut rx) {
+                            record_exchange(&metrics, &exchange);
                             let mut processed = process::process(exchange, body_cap);
                             pass.derived(processed.trace.body_bytes());
                             // The decoded bodies it made are freed by now.
@@ -202,6 +203,15 @@ fn emit(store: &StoreTx, metrics: &Metrics, live: Option<&live::LiveTx>, records
         }
     }
     store.send(records);
+}
+
+/// Per-upstream count, failures and duration of a captured exchange, from what capture recorded (the data
+/// path neither times nor counts per upstream). Failed: the upstream failed or answered 4xx/5xx.
+fn record_exchange(metrics: &Metrics, exchange: &RawExchange) {
+    let failed =
+        exchange.outcome == crate::model::exchange::Outcome::UpstreamError || exchange.status.is_some_and(|s| s >= 400);
+    let micros = exchange.timings.end.saturating_sub(exchange.timings.start).max(0);
+    metrics.record_exchange(&exchange.upstream, failed, micros as f64 / 1e6);
 }
 
 #[cfg(test)]

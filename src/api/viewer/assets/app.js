@@ -1,6 +1,6 @@
 // llmtap viewer: plain JS, no build step. Pages are rendered from the JSON API with DOM nodes and textContent
 // only (captured content is never parsed as HTML). Routes: #/ sessions, #/s/<session>[?t=<trajectory>] session
-// (a trajectory id in place of the session id opens its session), #/c/<id> call.
+// (a trajectory id in place of the session id opens its session), #/c/<id> call, #/metrics llmtap's own metrics.
 'use strict';
 
 const main = document.getElementById('main');
@@ -321,6 +321,18 @@ async function callPage(id) {
   onLive = null;
 }
 
+// llmtap's own metrics, as /metrics has them (one collection of the same instruments).
+async function metricsPage() {
+  const m = await get('api/metrics');
+  const value = (s) => (s.count !== undefined ? num(s.count) + ' (sum ' + Number(s.sum).toPrecision(4) + ')' : num(s.value));
+  const labels = (l) => Object.entries(l).map(([k, v]) => k + '=' + v).join(', ');
+  render(h('h1', {}, 'llmtap metrics'),
+    h('table', { id: 'metrics' }, h('tr', {}, h('th', {}, 'metric'), h('th', {}, 'attributes'), h('th', {}, 'value')),
+      m.metrics.flatMap((f) => f.samples.map((s) => h('tr', { 'data-name': f.name },
+        h('td', { title: f.help }, f.name), h('td', {}, labels(s.labels)), h('td', {}, value(s)))))));
+  main.dataset.ready = '1';
+}
+
 async function route() {
   delete main.dataset.ready;
   onLive = null;
@@ -329,6 +341,7 @@ async function route() {
   try {
     if (path.startsWith('/s/')) await sessionPage(decodeURIComponent(path.slice(3)), new URLSearchParams(qs || ''));
     else if (path.startsWith('/c/')) await callPage(decodeURIComponent(path.slice(3)));
+    else if (path === '/metrics') await metricsPage();
     else await sessionsPage(new URLSearchParams(qs || ''));
   } catch (e) {
     render(h('p', { class: 'err' }, String(e)));
