@@ -16,7 +16,7 @@ use super::sdk::SharedReader;
 /// The Content-Type of [`Exposition::render`].
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
-/// Label name and value pairs, sorted by name.
+/// Label name and value pairs, in the order the instrument declares its attributes.
 pub type Labels = Vec<(String, String)>;
 
 /// One instrument's points at one collection.
@@ -79,6 +79,11 @@ fn families(reader: &SharedReader) -> Vec<Family> {
                 AggregatedMetrics::F64(d) => samples(d, Value::F64),
                 AggregatedMetrics::I64(d) => samples(d, |v: i64| Value::U64(v.max(0) as u64)),
             };
+            // Labels in the order the instrument declares its attributes (the SDK sorts them by name).
+            let rank = |k: &str| i.attributes.iter().position(|a| *a == k).unwrap_or(usize::MAX);
+            for (labels, _) in &mut samples {
+                labels.sort_by(|a, b| rank(&a.0).cmp(&rank(&b.0)).then_with(|| a.0.cmp(&b.0)));
+            }
             samples.sort_by(|a, b| a.0.cmp(&b.0));
             Some(Family { instrument: i, samples })
         })
