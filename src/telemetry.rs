@@ -216,6 +216,8 @@ pub struct Metrics {
     pub forward_refused: Counter,
     pub forward_connect_errors: Counter,
     pub forward_handshake_failures: Counter,
+    /// Pushes of llmtap's own metrics to `[telemetry] otlp_endpoint` that failed.
+    pub telemetry_export_failures: Counter,
     /// The synchronous instruments, once [`sdk::install`] ran (else recording is a no-op: unit tests, benches).
     recorded: std::sync::OnceLock<sdk::Recorded>,
     /// `/metrics`, once [`sdk::install`] ran.

@@ -388,3 +388,39 @@ async fn own_metrics_read_the_same_on_metrics_in_status_and_over_otlp() {
         );
     }
 }
+
+/// A self-telemetry destination that is down: each failed push is counted (and logged), /metrics and the
+/// traffic are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_otlp_push_is_counted_and_metrics_stay_served() {
+    let up = Scripted::start_plain().await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let extra = format!("[telemetry]\notlp_endpoint = \"http://{closed}\"\ninterval_secs = 1\ntimeout_secs = 1\n");
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, &extra), dir.path());
+    let client = client();
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hello"}]});
+    let headers = [
+        ("content-type", "application/json"),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    let r = send(
+        &client,
+        "POST",
+        &tap.url("/anthropic/v1/messages"),
+        &headers,
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let failures = poll(Duration::from_secs(30), || {
+        (tap.metric("llmtap_telemetry_export_failures_total") >= 1).then_some(())
+    })
+    .await;
+    assert!(failures.is_some(), "failed pushes are counted:\n{}", tap.metrics());
+    assert_eq!(tap.metric("llmtap_requests_total"), 1);
+}

@@ -536,6 +536,12 @@ pub static INSTRUMENTS: &[Instrument] = &[
         "gRPC API calls that failed inside llmtap (store read errors).",
         |m| m.api_errors.get(),
     ),
+    counter(
+        "llmtap_telemetry_export_failures",
+        "{push}",
+        "Pushes of these metrics to [telemetry] otlp_endpoint that failed (the next push carries the totals again).",
+        |m| m.telemetry_export_failures.get(),
+    ),
     // The process (read from the operating system when collected).
     Instrument {
         name: "llmtap_process_cpu_seconds",

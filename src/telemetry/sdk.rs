@@ -13,16 +13,17 @@ use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::metrics::{
     InstrumentKind, ManualReader, PeriodicReader, Pipeline, SdkMeterProvider, Temporality,
 };
 
-use super::Metrics;
 use super::instruments::{
     DURATION_BOUNDS, INSTRUMENTS, Kind, Read, STORE_COMMIT_DURATION, UPSTREAM_DURATION, UPSTREAM_FAILED,
     UPSTREAM_REQUESTS,
 };
+use super::{EpisodeLog, EpisodeReport, Metrics};
 use crate::config::TelemetryConfig;
 
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +115,60 @@ impl MetricReader for SharedReader {
     }
 }
 
+/// The OTLP exporter, its failures counted (`llmtap_telemetry_export_failures`) and logged once an episode: the
+/// SDK would otherwise drop them silently.
+struct CountingExporter {
+    inner: opentelemetry_otlp::MetricExporter,
+    metrics: Arc<Metrics>,
+    endpoint: String,
+    episodes: EpisodeLog,
+}
+
+impl std::fmt::Debug for CountingExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountingExporter")
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
+}
+
+impl PushMetricExporter for CountingExporter {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        let result = self.inner.export(metrics).await;
+        match &result {
+            Ok(()) => {
+                if let Some(unreported) = self.episodes.success() {
+                    tracing::info!(endpoint = %self.endpoint, unreported, "Self-telemetry export recovered");
+                }
+            }
+            Err(error) => {
+                self.metrics.telemetry_export_failures.inc();
+                match self.episodes.failure() {
+                    EpisodeReport::First => tracing::warn!(
+                        endpoint = %self.endpoint, %error,
+                        "Cannot push llmtap's own metrics over OTLP (counted in llmtap_telemetry_export_failures_total; \
+                         /metrics is unaffected)"
+                    ),
+                    EpisodeReport::Summary { count } => tracing::warn!(
+                        endpoint = %self.endpoint, %error, "{count} more self-telemetry pushes failed"
+                    ),
+                    EpisodeReport::Quiet => {}
+                }
+            }
+        }
+        result
+    }
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
 /// The running meter provider: [`SelfTelemetry::shutdown`] pushes a last OTLP export.
 #[derive(Debug)]
 pub struct SelfTelemetry {
@@ -153,6 +208,12 @@ pub fn install(
                 endpoint: endpoint.clone(),
                 source,
             })?;
+        let exporter = CountingExporter {
+            inner: exporter,
+            metrics: metrics.clone(),
+            endpoint: endpoint.clone(),
+            episodes: EpisodeLog::default(),
+        };
         builder = builder.with_reader(PeriodicReader::builder(exporter).with_interval(config.interval).build());
     }
     let provider = builder.build();
