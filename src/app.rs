@@ -42,6 +42,8 @@ pub enum AppError {
          reach it. Set [api] token or token_file (or LLMTAP_API_TOKEN), or listen on a loopback address"
     )]
     ViewerWithoutToken { addr: SocketAddr },
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::sdk::TelemetryError),
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), AppError> {
@@ -86,6 +88,9 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
         return Err(AppError::ViewerWithoutToken { addr });
     }
     let metrics = Arc::new(Metrics::default());
+    metrics.capture_queue_capacity.set(config.capture.queue_bytes);
+    // /metrics and, when configured, OTLP export of llmtap's own metrics: the same instruments.
+    let self_telemetry = crate::telemetry::sdk::install(&metrics, &config.telemetry, &config.resource)?;
     let conn = crate::store::open_for_writing(&config.data_dir)?;
     // What the writer committed last, for the exporters' span building (`store::recent`), one read per sink.
     let recent = Arc::new(crate::store::RecentRecords::new(config.otlp.len()));
@@ -280,6 +285,8 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
     while exporters.iter().any(|e| !e.is_finished()) && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+    // A last push of llmtap's own metrics, with the final counts. Blocking (the SDK's reader thread exports).
+    let _ = tokio::task::spawn_blocking(move || self_telemetry.shutdown()).await;
     tracing::info!(
         captured = metrics.captured.get(),
         dropped = metrics.capture_dropped.get(),

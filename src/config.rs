@@ -108,6 +108,20 @@ pub struct RawConfig {
     pub cost: RawCost,
     #[serde(default)]
     pub forward: RawForward,
+    #[serde(default)]
+    pub telemetry: RawTelemetry,
+}
+
+/// `[telemetry]`: llmtap's own metrics over OTLP (they are always on `/metrics`; see `telemetry::sdk`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    /// OTLP/gRPC URL (`http://host:4317`) to push llmtap's metrics to; unset: no push.
+    pub otlp_endpoint: Option<String>,
+    /// Seconds between pushes (default 60).
+    pub interval_secs: Option<u64>,
+    /// Seconds one push may take (default 10).
+    pub timeout_secs: Option<u64>,
 }
 
 /// `[forward]`: the forward-proxy mode (CONNECT on the proxy port; see `proxy::intercept`).
@@ -262,6 +276,27 @@ pub struct Config {
     pub prices_file: Option<PathBuf>,
     /// `[forward]`: the forward-proxy mode.
     pub forward: ForwardConfig,
+    /// `[telemetry]`: where llmtap's own metrics go besides `/metrics`.
+    pub telemetry: TelemetryConfig,
+}
+
+/// llmtap's own metrics over OTLP (`[telemetry]`).
+#[derive(Debug, Clone)]
+pub struct TelemetryConfig {
+    /// OTLP/gRPC endpoint; None: metrics only on `/metrics`.
+    pub otlp_endpoint: Option<String>,
+    pub interval: Duration,
+    pub export_timeout: Duration,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            interval: Duration::from_secs(60),
+            export_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// The forward-proxy mode's settings (`[forward]`, see `proxy::intercept`).
@@ -827,8 +862,38 @@ impl RawConfig {
             server,
             prices_file: self.cost.prices_file,
             forward: forward_config(self.forward)?,
+            telemetry: telemetry_config(self.telemetry)?,
         })
     }
+}
+
+fn telemetry_config(raw: RawTelemetry) -> Result<TelemetryConfig, ConfigError> {
+    let d = TelemetryConfig::default();
+    let seconds = |key: &str, v: Option<u64>, default: Duration| match v {
+        None => Ok(default),
+        Some(0) => Err(invalid(key, "must be at least 1")),
+        Some(s) => Ok(Duration::from_secs(s)),
+    };
+    let otlp_endpoint = match raw.otlp_endpoint {
+        None => None,
+        Some(url) => {
+            let parsed: Option<http::Uri> = url.parse().ok();
+            match parsed.as_ref().and_then(|u| u.scheme_str()) {
+                Some("http" | "https") if parsed.as_ref().and_then(|u| u.host()).is_some() => Some(url),
+                _ => {
+                    return Err(invalid(
+                        "telemetry.otlp_endpoint",
+                        format!("{url:?} is not an http(s) URL (OTLP/gRPC, e.g. http://127.0.0.1:4317)"),
+                    ));
+                }
+            }
+        }
+    };
+    Ok(TelemetryConfig {
+        otlp_endpoint,
+        interval: seconds("telemetry.interval_secs", raw.interval_secs, d.interval)?,
+        export_timeout: seconds("telemetry.timeout_secs", raw.timeout_secs, d.export_timeout)?,
+    })
 }
 
 fn forward_config(raw: RawForward) -> Result<ForwardConfig, ConfigError> {

@@ -1,7 +1,14 @@
 //! Self-observability: logging setup and llmtap's own counters.
 //!
 //! Every failure after the data path is counted here and logged the first time it happens (then only counted),
-//! so a broken sink cannot flood the log. Counters are plain atomics: cheap enough for the data path.
+//! so a broken sink cannot flood the log. Counters are plain atomics: cheap enough for the data path. What they
+//! are called and how they are reported lives in [`instruments`]; [`sdk`] puts them on the OpenTelemetry
+//! metrics SDK (OTLP export), [`exposition`] writes `/metrics` from the same instruments.
+
+pub mod exposition;
+pub mod instruments;
+mod process;
+pub mod sdk;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -151,6 +158,8 @@ pub struct Metrics {
     pub capture_truncated: Counter,
     /// Gauge: captured bytes waiting for the pipeline, and decoded bodies waiting for the store (see `capture::budget`).
     pub capture_queue_bytes: Counter,
+    /// Gauge: `capture.queue_bytes`, the budget `capture_queue_bytes` is held under.
+    pub capture_queue_capacity: Counter,
     /// Gauge: spilled record bytes not yet handed to the pipeline (see `capture::spill`).
     pub capture_spill_bytes: Counter,
     pub capture_spilled: Counter,
@@ -210,6 +219,12 @@ pub struct Metrics {
     pub forward_refused: Counter,
     pub forward_connect_errors: Counter,
     pub forward_handshake_failures: Counter,
+    /// Pushes of llmtap's own metrics to `[telemetry] otlp_endpoint` that failed.
+    pub telemetry_export_failures: Counter,
+    /// The synchronous instruments, once [`sdk::install`] ran (else recording is a no-op: unit tests, benches).
+    recorded: std::sync::OnceLock<sdk::Recorded>,
+    /// `/metrics`, once [`sdk::install`] ran.
+    exposition: std::sync::OnceLock<exposition::Exposition>,
 }
 
 impl Metrics {
@@ -276,256 +291,39 @@ impl Metrics {
         }
     }
 
-    /// (name, help, value) for every counter, in a stable order.
-    pub fn snapshot(&self) -> Vec<(&'static str, &'static str, u64)> {
-        vec![
-            (
-                "llmtap_forward_intercepted_total",
-                "CONNECT tunnels and plain-HTTP proxy requests to intercept-list hosts, decrypted (tunnels) and captured.",
-                self.forward_intercepted.get(),
-            ),
-            (
-                "llmtap_forward_blind_total",
-                "CONNECT tunnels and plain-HTTP proxy requests to other hosts, relayed without decrypting or capturing.",
-                self.forward_blind.get(),
-            ),
-            (
-                "llmtap_forward_blind_bytes_total",
-                "Bytes relayed through blind CONNECT tunnels (both directions).",
-                self.forward_blind_bytes.get(),
-            ),
-            (
-                "llmtap_forward_refused_total",
-                "Proxy requests (CONNECT or plain HTTP) refused (malformed target, or no valid token beyond loopback).",
-                self.forward_refused.get(),
-            ),
-            (
-                "llmtap_forward_connect_errors_total",
-                "Blind CONNECT tunnels whose target could not be reached (answered 502).",
-                self.forward_connect_errors.get(),
-            ),
-            (
-                "llmtap_forward_handshake_failures_total",
-                "Intercepted tunnels whose client refused llmtap's certificate or broke the TLS handshake.",
-                self.forward_handshake_failures.get(),
-            ),
-            (
-                "llmtap_requests_total",
-                "Requests received on a configured route.",
-                self.requests.get(),
-            ),
-            (
-                "llmtap_requests_unrouted_total",
-                "Requests refused with 404 (no such upstream).",
-                self.requests_unrouted.get(),
-            ),
-            (
-                "llmtap_upstream_errors_total",
-                "Exchanges whose upstream failed or could not be reached.",
-                self.upstream_errors.get(),
-            ),
-            (
-                "llmtap_client_gone_total",
-                "Exchanges the client abandoned mid-response.",
-                self.client_gone.get(),
-            ),
-            (
-                "llmtap_captured_total",
-                "Exchanges handed to the capture pipeline.",
-                self.captured.get(),
-            ),
-            (
-                "llmtap_capture_dropped_total",
-                "Exchanges not captured because the queue was full (by count or by bytes).",
-                self.capture_dropped.get(),
-            ),
-            (
-                "llmtap_capture_dropped_trajectories_total",
-                "Conversations dropped from capture: from their first dropped exchange on, their later exchanges are dropped too (no trajectory is stored with holes).",
-                self.capture_dropped_trajectories.get(),
-            ),
-            (
-                "llmtap_capture_queue_bytes",
-                "Captured body and header bytes held in memory (exchanges in flight and waiting for the pipeline), and the bodies decoded from them waiting for the store writer.",
-                self.capture_queue_bytes.get(),
-            ),
-            (
-                "llmtap_capture_spill_bytes",
-                "Captured exchanges waiting on disk for the pipeline (capture.spill_bytes), in record bytes.",
-                self.capture_spill_bytes.get(),
-            ),
-            (
-                "llmtap_capture_spilled_total",
-                "Exchanges written to the capture spill because the pipeline was behind.",
-                self.capture_spilled.get(),
-            ),
-            (
-                "llmtap_capture_spill_errors_total",
-                "Spill records that could not be written or read back (a full disk, a torn record after a crash).",
-                self.capture_spill_errors.get(),
-            ),
-            (
-                "llmtap_pipeline_deferred_milliseconds_total",
-                "Time the pipeline left captured exchanges in the spill because the proxy needed the machine's CPU.",
-                self.pipeline_deferred_ms.get(),
-            ),
-            (
-                "llmtap_capture_truncated_total",
-                "Exchanges captured only in part: a body over the capture cap (on the wire or decoded), or capture memory spent.",
-                self.capture_truncated.get(),
-            ),
-            (
-                "llmtap_accept_errors_total",
-                "Failed accepts on the proxy listener (e.g. out of file descriptors).",
-                self.accept_errors.get(),
-            ),
-            (
-                "llmtap_connections_at_limit_total",
-                "Times the proxy stopped accepting because server.max_connections connections were open.",
-                self.connections_at_limit.get(),
-            ),
-            (
-                "llmtap_body_read_timeouts_total",
-                "Connections closed because the client sent nothing of a request body for server.body_read_timeout_secs.",
-                self.body_read_timeouts.get(),
-            ),
-            (
-                "llmtap_send_timeouts_total",
-                "Connections closed because the client took nothing of a response body for server.send_timeout_secs.",
-                self.send_timeouts.get(),
-            ),
-            (
-                "llmtap_capture_over_budget_total",
-                "Bodies whose capture was cut because captured bytes in memory reached capture.queue_bytes.",
-                self.capture_over_budget.get(),
-            ),
-            (
-                "llmtap_processed_total",
-                "Exchanges turned into provider traces.",
-                self.processed.get(),
-            ),
-            (
-                "llmtap_process_errors_total",
-                "Captured exchanges that could not be parsed (trace kept raw).",
-                self.process_errors.get(),
-            ),
-            (
-                "llmtap_steps_derived_total",
-                "Agent steps derived.",
-                self.steps_derived.get(),
-            ),
-            (
-                "llmtap_derive_open_trajectories",
-                "Trajectories held open by derivation, waiting for their next call (closed after derive.idle_timeout_secs without one, or beyond 10,000 open, least recently seen first).",
-                self.derive_open_trajectories.get(),
-            ),
-            (
-                "llmtap_stored_total",
-                "Records written to the store.",
-                self.stored.get(),
-            ),
-            (
-                "llmtap_store_pending_records",
-                "Records handed to the store writer and not yet committed (an exchange is counted in llmtap_processed_total once its records are here).",
-                self.store_pending.get(),
-            ),
-            (
-                "llmtap_store_checkpoints_total",
-                "WAL checkpoint passes of the store's checkpoint thread that copied pages into the database file.",
-                self.store_checkpoints.get(),
-            ),
-            (
-                "llmtap_store_errors_total",
-                "Failed store writes.",
-                self.store_errors.get(),
-            ),
-            (
-                "llmtap_store_retries_total",
-                "Store batch writes retried after a transient error (busy, full disk, I/O); the batch is kept.",
-                self.store_retries.get(),
-            ),
-            (
-                "llmtap_store_quarantined_total",
-                "Records that failed to write on their own, kept in the store's quarantine table instead.",
-                self.store_quarantined.get(),
-            ),
-            (
-                "llmtap_store_dropped_total",
-                "Records dropped because the store queue was closed, or still unwritten when a store that kept failing was given up at shutdown.",
-                self.store_dropped.get(),
-            ),
-            (
-                "llmtap_evicted_total",
-                "Traces removed by retention.",
-                self.evicted.get(),
-            ),
-            (
-                "llmtap_evicted_unexported_total",
-                "Traces removed by retention before every sink exported them.",
-                self.evicted_unexported.get(),
-            ),
-            (
-                "llmtap_exported_total",
-                "Spans accepted by remote sinks.",
-                self.exported.get(),
-            ),
-            (
-                "llmtap_export_retries_total",
-                "Export attempts retried.",
-                self.export_retries.get(),
-            ),
-            (
-                "llmtap_export_failed_total",
-                "Spans dropped after a permanent export failure.",
-                self.export_failed.get(),
-            ),
-            (
-                "llmtap_export_lag",
-                "Store records not yet exported by the slowest sink: the store's last committed export-log entry minus the sink's cursor, as of this read.",
-                self.sinks.max_lag(self.export_head.get()),
-            ),
-            (
-                "llmtap_api_streams",
-                "Open gRPC API streams (Subscribe and Export).",
-                self.api_streams.get(),
-            ),
-            (
-                "llmtap_api_streams_rejected_total",
-                "gRPC API streams refused with RESOURCE_EXHAUSTED ([api] max_streams open already).",
-                self.api_streams_rejected.get(),
-            ),
-            (
-                "llmtap_api_streams_stalled_total",
-                "gRPC API streams dropped because their client took nothing for [api] stall_timeout_secs.",
-                self.api_streams_stalled.get(),
-            ),
-            (
-                "llmtap_api_unauthenticated_total",
-                "gRPC API calls refused with UNAUTHENTICATED (missing or wrong bearer token).",
-                self.api_unauthenticated.get(),
-            ),
-            (
-                "llmtap_api_errors_total",
-                "gRPC API calls that failed inside llmtap (store read errors).",
-                self.api_errors.get(),
-            ),
-        ]
+    /// A captured exchange, as the pipeline takes it: counted and timed by upstream (route name). Off the data
+    /// path: the duration is the capture's own timestamps.
+    pub fn record_exchange(&self, upstream: &str, failed: bool, seconds: f64) {
+        if let Some(r) = self.recorded.get() {
+            r.exchange(upstream, failed, seconds);
+        }
     }
 
-    /// Prometheus text exposition format.
-    pub fn render_prometheus(&self) -> String {
-        let mut out = String::new();
-        for (name, help, value) in self.snapshot() {
-            let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
-            // A family's samples stay together: the per-sink lag follows the aggregate.
-            if name == "llmtap_export_lag" {
-                self.sinks.render_lag(&mut out, self.export_head.get());
-            }
+    /// A store batch written and committed in `seconds`.
+    pub fn record_commit(&self, seconds: f64) {
+        if let Some(r) = self.recorded.get() {
+            r.commit(seconds);
         }
-        self.sinks.render_state(&mut out);
-        self.costs.render(&mut out);
-        out
+    }
+
+    /// The Prometheus text exposition of every instrument (empty before [`sdk::install`]).
+    pub fn render_prometheus(&self) -> String {
+        self.exposition.get().map(|e| e.render()).unwrap_or_default()
+    }
+
+    /// One collection of every instrument (empty before [`sdk::install`]): what `/metrics` shows.
+    pub fn families(&self) -> Vec<exposition::Family> {
+        self.exposition.get().map(|e| e.families()).unwrap_or_default()
+    }
+
+    /// `llmtap_export_lag`: the slowest sink's lag without attributes, then each sink's.
+    fn observe_export_lag(&self, out: &mut Vec<instruments::Point>) {
+        let head = self.export_head.get();
+        out.push(instruments::Point {
+            value: instruments::Value::U64(self.sinks.max_lag(head)),
+            attributes: Vec::new(),
+        });
+        self.sinks.observe(out, "sink", |s| Some(s.lag(head)));
     }
 }
 
@@ -565,30 +363,32 @@ impl CostByModel {
         }
     }
 
-    fn render(&self, out: &mut String) {
-        let all = match self.0.lock() {
-            Ok(all) => all.clone(),
-            Err(_) => return,
-        };
-        out.push_str(
-            "# HELP llmtap_cost_usd_total US dollars spent on calls with a known cost, by model (prices: genai-prices data embedded at build time, or [cost] prices_file).\n# TYPE llmtap_cost_usd_total counter\n",
-        );
-        for (model, c) in all.iter().filter(|(_, c)| c.priced > 0) {
-            out.push_str(&format!(
-                "llmtap_cost_usd_total{{model=\"{}\"}} {}\n",
-                label(model),
-                c.usd.normalize()
-            ));
+    fn each(&self) -> Vec<(String, ModelCost)> {
+        self.0
+            .lock()
+            .map(|all| all.iter().map(|(m, c)| (m.clone(), *c)).collect())
+            .unwrap_or_default()
+    }
+
+    /// `llmtap_cost_usd{model}`: models with at least one priced call. Summed as exact decimals, handed over as
+    /// the nearest float.
+    fn observe_usd(&self, out: &mut Vec<instruments::Point>) {
+        use rust_decimal::prelude::ToPrimitive as _;
+        for (model, c) in self.each().into_iter().filter(|(_, c)| c.priced > 0) {
+            out.push(instruments::Point {
+                value: instruments::Value::F64(c.usd.normalize().to_f64().unwrap_or(0.0)),
+                attributes: vec![opentelemetry::KeyValue::new("model", model)],
+            });
         }
-        out.push_str(
-            "# HELP llmtap_cost_unknown_calls_total LLM calls whose cost is unknown (no price for the model, or no usage reported), by model.\n# TYPE llmtap_cost_unknown_calls_total counter\n",
-        );
-        for (model, c) in all.iter().filter(|(_, c)| c.unknown > 0) {
-            out.push_str(&format!(
-                "llmtap_cost_unknown_calls_total{{model=\"{}\"}} {}\n",
-                label(model),
-                c.unknown
-            ));
+    }
+
+    /// `llmtap_cost_unknown_calls{model}`: models with at least one call of unknown cost.
+    fn observe_unknown(&self, out: &mut Vec<instruments::Point>) {
+        for (model, c) in self.each().into_iter().filter(|(_, c)| c.unknown > 0) {
+            out.push(instruments::Point {
+                value: instruments::Value::U64(c.unknown),
+                attributes: vec![opentelemetry::KeyValue::new("model", model)],
+            });
         }
     }
 }
@@ -602,6 +402,12 @@ pub struct SinkStats {
     position: Counter,
     /// Gauge: 1 while the sink is paused (the destination refused our credentials), else 0.
     pub paused: Counter,
+    /// Items the destination accepted.
+    pub sent: Counter,
+    /// Items given up on (rejected; OTLP forbids retrying a rejection).
+    pub send_failed: Counter,
+    /// Send attempts that failed, whatever came of them.
+    pub failures: Counter,
     /// The error that is holding the sink back, cleared by the next accepted batch.
     last_error: std::sync::Mutex<Option<String>>,
 }
@@ -667,49 +473,32 @@ impl SinkRegistry {
         self.each().iter().map(|(_, s)| s.lag(head)).max().unwrap_or(0)
     }
 
-    fn render_lag(&self, out: &mut String, head: u64) {
+    /// One point per sink, `key` naming it, with the value `read` gives (none: no point).
+    fn observe(&self, out: &mut Vec<instruments::Point>, key: &'static str, read: impl Fn(&SinkStats) -> Option<u64>) {
         for (name, s) in self.each() {
-            out.push_str(&format!(
-                "llmtap_export_lag{{sink=\"{}\"}} {}\n",
-                label(&name),
-                s.lag(head)
-            ));
-        }
-    }
-
-    fn render_state(&self, out: &mut String) {
-        let all = self.each();
-        if all.is_empty() {
-            return;
-        }
-        out.push_str(
-            "# HELP llmtap_export_paused 1 while a sink is paused because the destination refused our credentials (401/403); it is probed again every retry_max.\n# TYPE llmtap_export_paused gauge\n",
-        );
-        for (name, s) in &all {
-            out.push_str(&format!(
-                "llmtap_export_paused{{sink=\"{}\"}} {}\n",
-                label(name),
-                s.paused.get()
-            ));
-        }
-        out.push_str(
-            "# HELP llmtap_export_last_error The error holding a sink back (until a batch is accepted).\n# TYPE llmtap_export_last_error gauge\n",
-        );
-        for (name, s) in &all {
-            if let Some(e) = s.last_error() {
-                out.push_str(&format!(
-                    "llmtap_export_last_error{{sink=\"{}\",error=\"{}\"}} 1\n",
-                    label(name),
-                    label(&e)
-                ));
+            if let Some(v) = read(&s) {
+                out.push(instruments::Point {
+                    value: instruments::Value::U64(v),
+                    attributes: vec![opentelemetry::KeyValue::new(key, name)],
+                });
             }
         }
     }
-}
 
-/// A Prometheus label value: backslash, double quote and newline escaped.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    /// `llmtap_export_last_error{sink, error}` = 1 for each sink held back by an error.
+    fn observe_last_error(&self, out: &mut Vec<instruments::Point>) {
+        for (name, s) in self.each() {
+            if let Some(e) = s.last_error() {
+                out.push(instruments::Point {
+                    value: instruments::Value::U64(1),
+                    attributes: vec![
+                        opentelemetry::KeyValue::new("sink", name),
+                        opentelemetry::KeyValue::new("error", e),
+                    ],
+                });
+            }
+        }
+    }
 }
 
 /// Logs go to stderr; `RUST_LOG` overrides the default `info` level. Text is coloured only when stderr is a

@@ -90,6 +90,7 @@ pub fn spawn(
                         let mut exchanges = 0;
                         let mut pass = Pass::new(first);
                         while let Some(exchange) = pass.next(&mut rx) {
+                            record_exchange(&metrics, &exchange);
                             let mut processed = process::process(exchange, body_cap);
                             pass.derived(processed.trace.body_bytes());
                             // The decoded bodies it made are freed by now.
@@ -195,6 +196,15 @@ fn emit(store: &StoreTx, metrics: &Metrics, records: Vec<Record>) {
     let steps = records.iter().filter(|r| matches!(r, Record::Step(_))).count();
     metrics.steps_derived.add(steps as u64);
     store.send(records);
+}
+
+/// Per-upstream count, failures and duration of a captured exchange, from what capture recorded (the data
+/// path neither times nor counts per upstream). Failed: the upstream failed or answered 4xx/5xx.
+fn record_exchange(metrics: &Metrics, exchange: &RawExchange) {
+    let failed =
+        exchange.outcome == crate::model::exchange::Outcome::UpstreamError || exchange.status.is_some_and(|s| s >= 400);
+    let micros = exchange.timings.end.saturating_sub(exchange.timings.start).max(0);
+    metrics.record_exchange(&exchange.upstream, failed, micros as f64 / 1e6);
 }
 
 #[cfg(test)]

@@ -351,7 +351,10 @@ impl Proxy {
     fn builtin_endpoint<B>(&self, req: &Request<B>) -> Option<Response<ProxyBody>> {
         let (body, content_type) = match req.uri().path() {
             "/metrics" => match self.metrics_access.refusal(req.headers()) {
-                None => (self.metrics.render_prometheus(), "text/plain; version=0.0.4"),
+                None => (
+                    self.metrics.render_prometheus(),
+                    crate::telemetry::exposition::CONTENT_TYPE,
+                ),
                 Some((status, message)) => {
                     let mut resp = Response::new(Either::Right(Full::new(Bytes::from_static(message.as_bytes()))));
                     *resp.status_mut() = status;

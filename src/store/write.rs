@@ -406,8 +406,12 @@ impl Committer<'_> {
     fn write_retrying(&mut self, batch: &[Record]) -> Written {
         let mut wait = RETRY_FIRST;
         loop {
+            let started = std::time::Instant::now();
             let e = match write_batch_logged(self.conn, batch, self.chunks, self.ship) {
-                Ok(()) => return Written::Committed,
+                Ok(()) => {
+                    self.metrics.record_commit(started.elapsed().as_secs_f64());
+                    return Written::Committed;
+                }
                 Err(e) if is_transient(&e) => e,
                 Err(e) => return Written::Refused(e),
             };

@@ -243,6 +243,11 @@ impl Viewer {
             }
             ["api", "export", format] => self.export(format, q.get("session").cloned()),
             ["api", "events"] => self.events(),
+            // llmtap's own metrics: the same collection of the same instruments as /metrics.
+            ["api", "metrics"] => json_response(
+                StatusCode::OK,
+                &crate::telemetry::exposition::to_json(&self.metrics.families()),
+            ),
             _ => text(StatusCode::NOT_FOUND, "not found"),
         }
     }

@@ -150,6 +150,7 @@ impl<S: Sink> Driver<S> {
                         SendError::Rejected { .. } => {
                             // OTLP forbids retrying a rejection: count it, move past it.
                             self.metrics.export_failed.add(items);
+                            self.stats.send_failed.add(items);
                             return true;
                         }
                         SendError::Unauthorized { .. } => {
@@ -172,6 +173,7 @@ impl<S: Sink> Driver<S> {
 
     fn accepted(&mut self, items: u64, accepted: Accepted) {
         self.metrics.exported.add(items.saturating_sub(accepted.rejected));
+        self.stats.sent.add(items.saturating_sub(accepted.rejected));
         self.stats.paused.set(0);
         self.stats.clear_error();
         if let Some(quiet) = self.episodes.success() {
@@ -180,6 +182,7 @@ impl<S: Sink> Driver<S> {
         if accepted.rejected > 0 {
             // A partial success is final: the spec forbids retrying it.
             self.metrics.export_failed.add(accepted.rejected);
+            self.stats.send_failed.add(accepted.rejected);
             match self.partials.failure() {
                 EpisodeReport::First => {
                     tracing::warn!(sink = %self.cfg.name, rejected = accepted.rejected, message = %accepted.message, "Receiver rejected some items")
@@ -196,6 +199,7 @@ impl<S: Sink> Driver<S> {
 
     /// Record and log a failed send: the first of an episode in full, then a summary a minute.
     fn failed(&self, e: &SendError) {
+        self.stats.failures.inc();
         self.stats.set_error(&e.to_string());
         let name = &self.cfg.name;
         match self.episodes.failure() {

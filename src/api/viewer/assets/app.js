@@ -1,7 +1,8 @@
 // llmtap viewer: plain JS, no build step. Pages are rendered from the JSON API with DOM nodes and textContent
 // only (captured content is never parsed as HTML). Routes: #/ sessions, #/s/<session>[?t=<trajectory>] session
 // (a trajectory id in place of the session id opens its session), #/c/<id> call, #/d/<id>[?against=<id>] what
-// changed in a call's request, #/cmp/<a>/<b> two trajectories (or sessions' first runs) side by side.
+// changed in a call's request, #/cmp/<a>/<b> two trajectories (or sessions' first runs) side by side,
+// #/metrics llmtap's own metrics.
 'use strict';
 
 const main = document.getElementById('main');
@@ -426,6 +427,18 @@ async function comparePage(a, b) {
   main.dataset.ready = '1';
 }
 
+// llmtap's own metrics, as /metrics has them (one collection of the same instruments).
+async function metricsPage() {
+  const m = await get('api/metrics');
+  const value = (s) => (s.count !== undefined ? num(s.count) + ' (sum ' + Number(s.sum).toPrecision(4) + ')' : num(s.value));
+  const labels = (l) => Object.entries(l).map(([k, v]) => k + '=' + v).join(', ');
+  render(h('h1', {}, 'llmtap metrics'),
+    h('table', { id: 'metrics' }, h('tr', {}, h('th', {}, 'metric'), h('th', {}, 'attributes'), h('th', {}, 'value')),
+      m.metrics.flatMap((f) => f.samples.map((s) => h('tr', { 'data-name': f.name },
+        h('td', { title: f.help }, f.name), h('td', {}, labels(s.labels)), h('td', {}, value(s)))))));
+  main.dataset.ready = '1';
+}
+
 async function route() {
   delete main.dataset.ready;
   onLive = null;
@@ -439,6 +452,7 @@ async function route() {
       const [a, b] = path.slice(5).split('/').map(decodeURIComponent);
       await comparePage(a, b || '');
     }
+    else if (path === '/metrics') await metricsPage();
     else await sessionsPage(new URLSearchParams(qs || ''));
   } catch (e) {
     render(h('p', { class: 'err' }, String(e)));
