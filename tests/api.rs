@@ -17,17 +17,29 @@ async fn next_event(stream: &mut tonic::Streaming<pb::Event>) -> pb::Event {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_subscription_sees_each_step_as_its_call_completes() {
+/// llmtap over the replaying upstream, with a gRPC client subscribed to every step and call.
+async fn subscribed_to_everything() -> (
+    Upstream,
+    tempfile::TempDir,
+    Llmtap,
+    ApiClient,
+    tonic::Streaming<pb::Event>,
+) {
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
     let mut api = api_client(&tap).await;
-    let mut stream = api
+    let stream = api
         .subscribe(pb::SubscribeRequest::default())
         .await
         .unwrap()
         .into_inner();
+    (up, dir, tap, api, stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_subscription_sees_each_step_as_its_call_completes() {
+    let (_up, _dir, tap, mut api, mut stream) = subscribed_to_everything().await;
     let client = client();
     let calls = session("pydantic-ai__anthropic_parallel_tools_agent");
 
@@ -282,15 +294,7 @@ async fn export_over_grpc_matches_the_cli() {
 /// back (the viewer reloads the session on an event; a read that found nothing would show a stale page).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_arrives_only_after_its_record_is_committed() {
-    let up = Upstream::start(ReplayOptions::default()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
-    let mut api = api_client(&tap).await;
-    let mut stream = api
-        .subscribe(pb::SubscribeRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let (_up, _dir, tap, _api, mut stream) = subscribed_to_everything().await;
     let client = client();
     let calls = session("pydantic-ai__openai_chat_stream_agent_3calls");
     let viewer = format!("http://{}", tap.viewer_addr.unwrap());

@@ -229,55 +229,26 @@ pub fn install(
 fn register_observables(meter: &Meter, metrics: &Arc<Metrics>) {
     for i in INSTRUMENTS.iter().filter(|i| !matches!(i.read, Read::Recorded)) {
         let m = metrics.clone();
+        // The SDK has one builder per value type and kind; each reads the instrument's points the same way.
+        macro_rules! observe {
+            ($builder:ident, $value:ident) => {{
+                meter
+                    .$builder(i.name)
+                    .with_description(i.help)
+                    .with_unit(i.unit)
+                    .with_callback(move |o| {
+                        i.observe(&m)
+                            .iter()
+                            .for_each(|p| o.observe(p.value.$value(), &p.attributes))
+                    })
+                    .build();
+            }};
+        }
         match (i.kind, i.float) {
-            (Kind::Counter, false) => {
-                meter
-                    .u64_observable_counter(i.name)
-                    .with_description(i.help)
-                    .with_unit(i.unit)
-                    .with_callback(move |o| {
-                        i.observe(&m)
-                            .iter()
-                            .for_each(|p| o.observe(p.value.as_u64(), &p.attributes))
-                    })
-                    .build();
-            }
-            (Kind::Counter, true) => {
-                meter
-                    .f64_observable_counter(i.name)
-                    .with_description(i.help)
-                    .with_unit(i.unit)
-                    .with_callback(move |o| {
-                        i.observe(&m)
-                            .iter()
-                            .for_each(|p| o.observe(p.value.as_f64(), &p.attributes))
-                    })
-                    .build();
-            }
-            (Kind::Gauge, false) => {
-                meter
-                    .u64_observable_gauge(i.name)
-                    .with_description(i.help)
-                    .with_unit(i.unit)
-                    .with_callback(move |o| {
-                        i.observe(&m)
-                            .iter()
-                            .for_each(|p| o.observe(p.value.as_u64(), &p.attributes))
-                    })
-                    .build();
-            }
-            (Kind::Gauge, true) => {
-                meter
-                    .f64_observable_gauge(i.name)
-                    .with_description(i.help)
-                    .with_unit(i.unit)
-                    .with_callback(move |o| {
-                        i.observe(&m)
-                            .iter()
-                            .for_each(|p| o.observe(p.value.as_f64(), &p.attributes))
-                    })
-                    .build();
-            }
+            (Kind::Counter, false) => observe!(u64_observable_counter, as_u64),
+            (Kind::Counter, true) => observe!(f64_observable_counter, as_f64),
+            (Kind::Gauge, false) => observe!(u64_observable_gauge, as_u64),
+            (Kind::Gauge, true) => observe!(f64_observable_gauge, as_f64),
             // A histogram has no observable form: it is recorded.
             (Kind::Histogram, _) => {}
         }
