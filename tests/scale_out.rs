@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::nginx::{Balance, Nginx, nginx_bin};
 use common::*;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
@@ -24,21 +25,11 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AV;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::Value;
 
-const NGINX_TEMPLATE: &str = include_str!("../config/nginx/llmtap.conf");
 const REPLICA_CONFIG: &str = include_str!("../config/collector.toml");
 /// The resource attribute that tells the runs apart at the one receiver.
 const RUN_ATTR: &str = "test.run";
 
 // === the tools scripts/test.sh installs ===
-
-fn nginx_bin() -> PathBuf {
-    let found = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/bin/nginx"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .or_else(|| which("nginx"));
-    found.unwrap_or_else(|| panic!("nginx is not installed: run scripts/test.sh (it installs nginx-light)"))
-}
 
 fn rotel_bin() -> PathBuf {
     let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
@@ -47,12 +38,6 @@ fn rotel_bin() -> PathBuf {
         p.exists().then_some(p)
     });
     found.unwrap_or_else(|| panic!("rotel-agent is not in .venv: run scripts/test.sh (it installs rotel)"))
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(name))
-        .find(|p| p.exists())
 }
 
 /// A loopback port picked up front, so that a process can be restarted on it.
@@ -386,93 +371,9 @@ impl Drop for Replica {
     }
 }
 
-// === nginx ===
-
-struct Nginx {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Balance {
-    /// config/nginx/llmtap.conf as shipped.
-    Affinity,
-    /// The same file without its `hash` line: nginx's default round-robin.
-    RoundRobin,
-}
-
-/// config/nginx/llmtap.conf with the replicas' loopback addresses and a free listen port.
-fn render_nginx(replicas: &[&Replica], port: u16, balance: Balance) -> String {
-    let mut conf = NGINX_TEMPLATE.to_owned();
-    let mut swap = |from: &str, to: &str| {
-        assert!(conf.contains(from), "config/nginx/llmtap.conf has no `{from}`");
-        conf = conf.replace(from, to);
-    };
-    for (i, r) in replicas.iter().enumerate() {
-        swap(&format!("server llmtap-{i}:8787 "), &format!("server {} ", r.addr()));
-    }
-    swap("listen 8080;", &format!("listen 127.0.0.1:{port};"));
-    if balance == Balance::RoundRobin {
-        swap("hash $llmtap_session consistent;", "");
-    }
-    conf
-}
-
-impl Nginx {
-    async fn start(replicas: &[&Replica], balance: Balance, dir: &Path) -> Nginx {
-        let port = free_port();
-        let dir = dir.join(format!("nginx-{port}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("llmtap.conf"), render_nginx(replicas, port, balance)).unwrap();
-        // The main context a distribution's nginx.conf would provide, with every path in the temp dir; the access
-        // log records which replicas nginx tried for each request.
-        let d = dir.display();
-        let main = format!(
-            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-             events {{ worker_connections 256; }}\n\
-             http {{\n  log_format replicas '$http_x_llmtap_session|$upstream_addr|$status';\n  \
-             access_log {d}/access.log replicas;\n  client_body_temp_path {d}/client_body;\n  \
-             proxy_temp_path {d}/proxy;\n  include {d}/llmtap.conf;\n}}\n"
-        );
-        std::fs::write(dir.join("nginx.conf"), main).unwrap();
-        let child = Command::new(nginx_bin())
-            .arg("-p")
-            .arg(&dir)
-            .arg("-e")
-            .arg(dir.join("error.log"))
-            .arg("-c")
-            .arg(dir.join("nginx.conf"))
-            .spawn()
-            .unwrap();
-        let nginx = Nginx { child, port, dir };
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        wait_until("nginx to listen", 20, || std::net::TcpStream::connect(addr).is_ok()).await;
-        nginx
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// (session, upstream addresses tried, status) per request.
-    fn access_log(&self) -> Vec<(String, String, String)> {
-        std::fs::read_to_string(self.dir.join("access.log"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| {
-                let mut f = l.splitn(3, '|').map(str::to_owned);
-                (f.next().unwrap(), f.next().unwrap(), f.next().unwrap())
-            })
-            .collect()
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        // SIGTERM to the master: it stops its workers (SIGKILL would orphan them, holding the port).
-        terminate(&mut self.child);
-    }
+/// The replicas' listen addresses, for nginx's upstream block.
+fn addrs(replicas: &[&Replica]) -> Vec<SocketAddr> {
+    replicas.iter().map(|r| r.addr().parse().unwrap()).collect()
 }
 
 // === traffic ===
@@ -660,7 +561,7 @@ async fn run_deployment(w: &World, run: &str, balance: Option<Balance>) -> HashM
     let calls = {
         let refs: Vec<&Replica> = replicas.iter().collect();
         let nginx = match balance {
-            Some(b) => Some(Nginx::start(&refs, b, w.dir.path()).await),
+            Some(b) => Some(Nginx::start(&addrs(&refs), b, w.dir.path()).await),
             None => None,
         };
         let base = nginx.as_ref().map_or(format!("http://{}", refs[0].addr()), Nginx::url);
@@ -821,7 +722,7 @@ async fn failover(w: &mut World) {
         .map(|i| Replica::start(&w.config, w.dir.path(), &format!("llmtap-{i}"), run))
         .collect();
     let refs: Vec<&Replica> = replicas.iter().collect();
-    let nginx = Nginx::start(&refs, Balance::Affinity, w.dir.path()).await;
+    let nginx = Nginx::start(&addrs(&refs), Balance::Affinity, w.dir.path()).await;
     let sessions: Vec<(String, String)> = session_names().into_iter().map(|n| (format!("f-{n}"), n)).collect();
     let (first, rest) = sessions.split_at(sessions.len() / 2 + 1);
     let sent1 = replay(&nginx.url(), first).await;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::nginx::{Balance, Nginx};
 use common::*;
 use serde_json::Value;
 
@@ -462,69 +463,6 @@ fn a_url_that_is_not_postgres_or_cannot_be_reached_is_one_clear_error() {
     assert!(!err.contains("secret"), "the password is never printed: {err}");
 }
 
-/// nginx on a free port balancing round-robin (its default: no session key) over `replicas`, in `dir`.
-struct RoundRobin {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl RoundRobin {
-    fn start(replicas: &[std::net::SocketAddr], dir: &Path) -> RoundRobin {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let servers: String = replicas.iter().map(|a| format!("    server {a};\n")).collect();
-        let d = dir.display();
-        let conf = format!(
-            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-             events {{ worker_connections 256; }}\n\
-             http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
-             upstream llmtap {{\n{servers}  }}\n\
-             server {{\n  listen 127.0.0.1:{port};\n  client_max_body_size 100m;\n\
-             location / {{ proxy_pass http://llmtap; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
-             proxy_buffering off; proxy_request_buffering off; proxy_read_timeout 300s; }}\n  }}\n}}\n"
-        );
-        std::fs::write(dir.join("nginx.conf"), conf).unwrap();
-        let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())
-            .unwrap_or("nginx");
-        let child = std::process::Command::new(nginx)
-            .arg("-p")
-            .arg(dir)
-            .arg("-e")
-            .arg(dir.join("error.log"))
-            .arg("-c")
-            .arg(dir.join("nginx.conf"))
-            .spawn()
-            .unwrap();
-        wait_until("nginx to listen", 20, || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        RoundRobin { child, port }
-    }
-
-    /// Which replica (address) answered each request, in order.
-    fn replicas_used(dir: &Path) -> Vec<String> {
-        std::fs::read_to_string(dir.join("access.log"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl Drop for RoundRobin {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
 /// The session in a viewer's list holding trajectory `id` (the list names sessions; a session's page names its
 /// trajectories).
 async fn viewer_session_of(tap: &Llmtap, id: &str) -> Value {
@@ -548,7 +486,7 @@ async fn a_claude_code_session_balanced_round_robin_over_two_replicas_is_one_ses
     let a = Llmtap::start(&config, dirs[0].path());
     let b = Llmtap::start(&config, dirs[1].path());
     let nginx_dir = tempfile::tempdir().unwrap();
-    let nginx = RoundRobin::start(&[a.addr, b.addr], nginx_dir.path());
+    let nginx = Nginx::start(&[a.addr, b.addr], Balance::RoundRobin, nginx_dir.path()).await;
 
     let home = tempfile::tempdir().unwrap();
     let project = tempfile::tempdir().unwrap();
@@ -559,10 +497,7 @@ async fn a_claude_code_session_balanced_round_robin_over_two_replicas_is_one_ses
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", home.path())
         .env("CLAUDE_CONFIG_DIR", home.path().join(".claude"))
-        .env(
-            "ANTHROPIC_BASE_URL",
-            format!("http://127.0.0.1:{}/anthropic", nginx.port),
-        )
+        .env("ANTHROPIC_BASE_URL", format!("{}/anthropic", nginx.url()))
         .env("ANTHROPIC_API_KEY", "sk-ant-api03-SHAREDSECRET")
         .env("DISABLE_AUTOUPDATER", "1")
         .env("DISABLE_TELEMETRY", "1")
@@ -580,11 +515,15 @@ async fn a_claude_code_session_balanced_round_robin_over_two_replicas_is_one_ses
     let calls = up.model_calls().len();
     assert!(calls >= 4, "a main run with a Task sub-agent: {}", up.dump());
 
-    // Both replicas took calls of the one session.
-    let used = RoundRobin::replicas_used(nginx_dir.path());
+    // nginx sent the calls to both replicas.
+    let used: std::collections::BTreeSet<String> = nginx
+        .access_log()
+        .into_iter()
+        .map(|(_, upstream, _)| upstream)
+        .collect();
     assert!(
-        used.iter().any(|l| l.contains("/anthropic/")),
-        "nginx saw the calls: {used:?}"
+        used.contains(&a.addr.to_string()) && used.contains(&b.addr.to_string()),
+        "round-robin over both replicas: {used:?}"
     );
     let local_a = a.wait_for_traces(1).len();
     let local_b = b.wait_for_traces(1).len();

@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 pub mod claude;
 pub mod clients;
 pub mod cloud;
+pub mod nginx;
 pub mod postgres;
 pub mod scripted;
 pub mod wait;
