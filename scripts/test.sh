@@ -39,7 +39,7 @@ done
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
-cargo test --locked
+cargo test --locked --no-fail-fast
 if [ -f scripts/bench.sh ]; then
   scripts/bench.sh --smoke
 fi
