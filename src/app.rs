@@ -73,7 +73,7 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
             announce(line)
         }
     };
-    if let Some(addr) = config.api_listen
+    if let Some(addr) = config.api.listen
         && !addr.ip().is_loopback()
         && config.api.token.is_none()
     {
@@ -81,7 +81,7 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
     }
     // Before anything starts: a broken prices file is a startup error, not a capture without costs.
     let prices = config.price_table()?;
-    if let Some(addr) = config.viewer_listen
+    if let Some(addr) = config.viewer.listen
         && !addr.ip().is_loopback()
         && config.api.token.is_none()
     {
@@ -93,7 +93,7 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
     let self_telemetry = crate::telemetry::sdk::install(&metrics, &config.telemetry, &config.resource)?;
     let conn = crate::store::open_for_writing(&config.data_dir)?;
     // What the writer committed last, for the exporters' span building (`store::recent`), one read per sink.
-    let recent = Arc::new(crate::store::RecentRecords::new(config.otlp.len()));
+    let recent = Arc::new(crate::store::RecentRecords::new(config.export.otlp.len()));
     // The commit feed: what the writer committed, for the API's and the viewer's live events.
     let live = crate::api::live_channel();
     let feed = crate::store::feed::CommitFeed::new(live.clone());
@@ -182,13 +182,13 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
         grpc: None,
         viewer: None,
     };
-    if let Some(addr) = config.api_listen {
+    if let Some(addr) = config.api.listen {
         let api_listener = std::net::TcpListener::bind(addr).map_err(|source| AppError::Listen { addr, source })?;
         let api_addr = api_listener.local_addr().unwrap_or(addr);
         announce(&format!("llmtap api on http://{api_addr}"));
         listeners.grpc = Some(api_listener);
     }
-    if let Some(addr) = config.viewer_listen {
+    if let Some(addr) = config.viewer.listen {
         // The viewer is for people, not for the agent: a port already taken is logged and llmtap runs without it.
         match std::net::TcpListener::bind(addr) {
             Ok(l) => {
@@ -206,7 +206,7 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
         });
     }
     // What the viewer and the API read: the team's shared store when one is configured, else the local one.
-    let reading = crate::store::Store::open(&config.data_dir, config.store.shared.as_ref().map(|s| s.url.as_str()))?;
+    let reading = crate::store::Store::open(&config.data_dir, config.store.url.as_ref().map(|u| u.as_str()))?;
     if listeners.grpc.is_some() || listeners.viewer.is_some() {
         // Its own thread and runtime: no API or viewer client can take the proxy's workers or blocking pool.
         crate::api::server::spawn(
@@ -224,7 +224,7 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
     let export_stop = CancellationToken::new();
     let servers = Arc::new(crate::export::otlp::servers(&config));
     let mut sinks: Vec<ExportTask> = Vec::new();
-    for otlp in &config.otlp {
+    for otlp in &config.export.otlp {
         let ctx = crate::export::otlp::SinkContext {
             config: otlp.clone(),
             data_dir: config.data_dir.clone(),
@@ -236,12 +236,12 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
         };
         sinks.push(Box::pin(crate::export::otlp::run(ctx, export_stop.clone())));
     }
-    if let Some(shared) = &config.store.shared {
-        let replica = crate::store::postgres::replica_id(&config.data_dir, shared.replica.as_deref())
+    if let Some(url) = &config.store.url {
+        let replica = crate::store::postgres::replica_id(&config.data_dir, config.store.replica.as_deref())
             .map_err(AppError::Thread)?;
         let store = match reading.shared() {
             Some(store) => store,
-            None => Arc::new(crate::store::postgres::PgStore::connect(&shared.url)?),
+            None => Arc::new(crate::store::postgres::PgStore::connect(url.as_str())?),
         };
         tracing::info!(store = %store.describe(), %replica, "Delivering records to the shared store");
         let ctx = crate::export::shared_store::SharedStoreContext {

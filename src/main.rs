@@ -9,7 +9,7 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use llmtap::cli::{Cli, Command, Selection, StoreArgs};
-use llmtap::config::{Config, RawConfig};
+use llmtap::config::Config;
 use llmtap::store::{Store, TraceFilter};
 
 /// mimalloc: the proxy and the pipeline allocate many short-lived buffers; glibc malloc spent ~35% of the
@@ -45,22 +45,22 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_config(path: Option<&PathBuf>) -> Result<RawConfig> {
+fn load_config(path: Option<&PathBuf>) -> Result<Config> {
     Ok(match path {
-        Some(p) => RawConfig::from_file(p)?,
-        None => RawConfig::default(),
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
     })
 }
 
 fn resolve_config(args: &StoreArgs, listen: Option<String>) -> Result<Config> {
-    let mut raw = load_config(args.config.as_ref())?;
+    let mut config = load_config(args.config.as_ref())?;
     if let Some(l) = listen {
-        raw.listen = Some(l);
+        config.listen = l.parse().with_context(|| format!("--listen {l:?} is not HOST:PORT"))?;
     }
     if let Some(d) = &args.data_dir {
-        raw.data_dir = Some(d.clone());
+        config.data_dir = d.clone();
     }
-    Ok(raw.validate()?)
+    Ok(config.validate()?)
 }
 
 /// The store a CLI command reads: `--store URL` (checked now, so that a wrong URL is one clear error), else the
@@ -177,7 +177,7 @@ fn run(cli: Cli) -> Result<()> {
             c.price_table()?;
             println!("ok: listen {} data_dir {}", c.listen, c.data_dir.display());
             for u in c.upstreams.values() {
-                println!("  /{}/ -> {} ({})", u.name, u.url, u.api.as_str());
+                println!("  /{}/ -> {} ({})", u.name, u.url, u.api().as_str());
             }
         }
         Command::Sessions {
@@ -237,7 +237,8 @@ fn run(cli: Cli) -> Result<()> {
             let addr = match api {
                 Some(a) => a,
                 None => config
-                    .api_listen
+                    .api
+                    .listen
                     .map(|a| a.to_string())
                     .context("the config turns the API off ([api] listen = \"off\"); `llmtap tail` reads it")?,
             };
@@ -302,7 +303,7 @@ fn run_command(store: StoreArgs, session: Option<String>, command: Vec<String>) 
         // A configured port 0 says nothing about where the running viewer is.
         (
             listen,
-            config.viewer_listen.filter(|v| v.port() != 0).map(run::reachable),
+            config.viewer.listen.filter(|v| v.port() != 0).map(run::reachable),
         )
     } else {
         let rt = tokio::runtime::Builder::new_multi_thread()

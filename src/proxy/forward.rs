@@ -174,12 +174,11 @@ mod tests {
 
     #[test]
     fn uri_joins_prefix_rest_and_query() {
-        let u = UpstreamConfig {
-            name: "groq".into(),
-            url: "https://api.groq.com/openai".parse().unwrap(),
-            api: ApiFamily::Openai,
-            ca_file: None,
-        };
+        let u = UpstreamConfig::new(
+            "groq",
+            "https://api.groq.com/openai".parse().unwrap(),
+            ApiFamily::Openai,
+        );
         let uri = upstream_uri(&u, "/v1/chat/completions", Some("a=1")).unwrap();
         assert_eq!(uri.to_string(), "https://api.groq.com/openai/v1/chat/completions?a=1");
     }

@@ -406,7 +406,7 @@ impl Proxy {
             Some(capture_tx) => {
                 let head = ExchangeHead {
                     upstream: upstream.name.clone(),
-                    api: detect_api(upstream.api, route.rest),
+                    api: detect_api(upstream.api(), route.rest),
                     method: parts.method.clone(),
                     path: self.redactor.redact_path_and_query(uri.path(), uri.query()),
                     start,

@@ -108,10 +108,10 @@ fn percent_decode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RawConfig;
+    use crate::config::Config;
 
     fn router() -> Router {
-        Router::new(RawConfig::default().validate().unwrap().upstreams.into_values())
+        Router::new(Config::default().validate().unwrap().upstreams.into_values())
     }
 
     #[test]

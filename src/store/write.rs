@@ -141,7 +141,7 @@ fn retain_now(
     recent: &RecentRecords,
 ) {
     *last = Instant::now();
-    if config.shared.is_some()
+    if config.url.is_some()
         && let Err(e) = trim_ship_log(conn)
     {
         metrics.store_error(&e);
@@ -252,7 +252,7 @@ fn run(
             senders: &senders,
             closing_since: &mut closing_since,
             quarantined: &mut quarantined,
-            ship: config.shared.is_some(),
+            ship: config.url.is_some(),
         };
         let mut lost = Vec::new();
         committer.commit(&batch, 0, &mut lost);

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use llmtap::config::{SharedStoreConfig, StoreConfig};
+use llmtap::config::{SharedStoreUrl, StoreConfig};
 use llmtap::export::shared_store::{BATCH, batch_of};
 use llmtap::model::record::ExportSeq;
 use llmtap::store::postgres::PgStore;
@@ -26,10 +26,11 @@ pub fn run(sessions: usize) {
 
 fn measure(dir: &std::path::Path, url: &str, sessions: usize) -> Result<(), StoreError> {
     let config = StoreConfig {
-        shared: Some(SharedStoreConfig {
-            url: url.to_owned(),
-            replica: Some("bench".into()),
-        }),
+        url: Some(SharedStoreUrl::parse(url).map_err(|message| StoreError::Shared {
+            store: "shared store".into(),
+            message,
+        })?),
+        replica: Some("bench".into()),
         ..StoreConfig::default()
     };
     let t0 = Instant::now();

@@ -86,7 +86,7 @@ impl InterceptList {
                 intercept.push(Pattern {
                     text: host.trim_matches(['[', ']']).to_ascii_lowercase(),
                     port: Some(u.url.port_u16().unwrap_or(default)),
-                    family: Some(u.api),
+                    family: Some(u.api()),
                     capture_prefix: None,
                 });
             }
@@ -182,10 +182,10 @@ fn label_matches(pattern: &[u8], label: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RawConfig;
+    use crate::config::Config;
 
     fn list(extra: &str) -> InterceptList {
-        let raw = RawConfig::from_toml(extra).unwrap();
+        let raw = Config::from_toml(extra).unwrap();
         InterceptList::new(&raw.validate().unwrap())
     }
 

@@ -452,7 +452,7 @@ mod tests {
     }
 
     fn interceptor(toml: &str) -> Interceptor {
-        let config = crate::config::RawConfig::from_toml(toml).unwrap().validate().unwrap();
+        let config = crate::config::Config::from_toml(toml).unwrap().validate().unwrap();
         Interceptor::new(&config).unwrap()
     }
 
