@@ -79,6 +79,84 @@ async fn api_token_from_config_is_required_on_every_rpc() {
     check_token(&tap, "s3cret-config").await;
 }
 
+/// The gRPC API and the viewer are one router behind the same layers: either port answers both, with the same
+/// security headers and credentials; the viewer's cookie opens the page and its JSON API but never the gRPC API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn either_port_serves_the_grpc_api_and_the_viewer_behind_the_same_checks() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "[api]\nlisten = \"127.0.0.1:0\"\ntoken = \"one-router\"\n";
+    let tap = Llmtap::start(&upstream_config(&up, extra), dir.path());
+    let f = fixture("openai_chat/openllmetry__chat_basic_gzip");
+    assert_eq!(send_fixture(&client(), &tap, &f, &[]).await.status, 200);
+    tap.wait_for_traces(1);
+    let (api_port, viewer_port) = (tap.api_addr.unwrap(), tap.viewer_addr.expect("viewer enabled"));
+    assert_ne!(api_port, viewer_port);
+
+    // The cookie, from opening the page with the token on the viewer's port.
+    let opened = send(
+        &client(),
+        "GET",
+        &format!("http://{viewer_port}/?token=one-router"),
+        &[],
+        vec![],
+    )
+    .await;
+    assert_eq!(opened.status, 303);
+    let set_cookie = opened.headers.get("set-cookie").unwrap().to_str().unwrap().to_owned();
+    let cookie = set_cookie.split(';').next().unwrap().to_owned();
+    assert!(!cookie.contains("one-router"), "{cookie}");
+
+    for port in [api_port, viewer_port] {
+        let base = format!("http://{port}");
+        // The JSON API: refused without credentials, answered with the bearer token or the cookie, every answer
+        // with the security headers.
+        let none = send(&client(), "GET", &format!("{base}/api/sessions"), &[], vec![]).await;
+        assert_eq!(none.status, 401, "{port}");
+        for credentials in [("authorization", "Bearer one-router"), ("cookie", cookie.as_str())] {
+            let r = send(
+                &client(),
+                "GET",
+                &format!("{base}/api/sessions"),
+                &[credentials],
+                vec![],
+            )
+            .await;
+            assert_eq!(r.status, 200, "{port} {credentials:?}");
+            let sessions: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            assert_eq!(sessions["sessions"].as_array().map(Vec::len), Some(1), "{sessions}");
+        }
+        for r in [&none, &opened] {
+            let csp = r.headers.get("content-security-policy").unwrap().to_str().unwrap();
+            assert!(csp.contains("default-src 'none'"), "{csp}");
+            assert_eq!(r.headers.get("cache-control").unwrap(), "no-store");
+        }
+        // gRPC: the bearer token works on both ports; the cookie does not.
+        let mut api = pb::llm_tap_client::LlmTapClient::connect(base.clone()).await.unwrap();
+        let sessions = api
+            .list_sessions(with_token(pb::ListSessionsRequest::default(), "Bearer one-router"))
+            .await
+            .unwrap()
+            .into_inner()
+            .sessions;
+        assert_eq!(sessions.len(), 1, "{port}");
+        let mut with_cookie = Request::new(pb::ListSessionsRequest::default());
+        with_cookie.metadata_mut().insert("cookie", cookie.parse().unwrap());
+        let err = api.list_sessions(with_cookie).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unauthenticated, "{port}: {err:?}");
+        // A browser page elsewhere cannot post to the gRPC path either.
+        let cross = send(
+            &client(),
+            "POST",
+            &format!("{base}/llmtap.v1.LlmTap/ListSessions"),
+            &[("authorization", "Bearer one-router"), ("sec-fetch-site", "cross-site")],
+            vec![],
+        )
+        .await;
+        assert_eq!(cross.status, 403, "{port}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_token_from_the_environment_is_required_on_every_rpc() {
     let up = Upstream::start(ReplayOptions::default()).await;

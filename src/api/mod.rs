@@ -1,12 +1,14 @@
 //! llmtap's own gRPC API (`proto/llmtap/v1/llmtap.proto`): a live subscription to steps and provider traces,
-//! and queries over the store. Served by tonic on its own port (`[api] listen`, loopback by default) and its
-//! own runtime (`server`), behind an optional bearer token (`auth`), with bounded, stall-timed streams
+//! and queries over the store; and the web viewer (`viewer`). Both are one axum router (`router`) behind shared
+//! layers (`auth`: security headers, cross-site refusal, token or loopback Host), served on `[api] listen` and
+//! `[viewer] listen` (loopback by default) from its own runtime (`server`), with bounded, stall-timed streams
 //! (`streams`).
 //!
-//! Live events come from the pipeline thread through a broadcast channel: sending costs nothing when nobody
-//! listens, and a slow subscriber skips events (it is told how many) instead of holding the pipeline back.
+//! Live events come from the store's commit feed through a broadcast channel: sending costs nothing when nobody
+//! listens, and a slow subscriber skips events (it is told how many) instead of holding the writer back.
 
 pub mod auth;
+pub mod router;
 pub mod server;
 pub mod streams;
 pub mod viewer;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::auth::BearerAuth;
+use super::auth::Guard;
 use super::streams::StreamLimit;
 use super::{ApiService, LiveTx};
 use crate::config::Config;
@@ -24,7 +24,7 @@ pub struct Listeners {
     pub viewer: Option<std::net::TcpListener>,
 }
 
-/// Serve the gRPC API and the viewer on their listeners until `stop` is cancelled.
+/// Serve the API router (the gRPC API and the viewer) on its listeners until `stop` is cancelled.
 pub fn spawn(
     listeners: Listeners,
     config: &Config,
@@ -49,7 +49,7 @@ pub fn spawn(
         metrics: metrics.clone(),
         errors: Arc::default(),
     };
-    let auth = BearerAuth::new(config.api.token.as_ref(), metrics);
+    let router = super::router::build(service, viewer, Guard::new(config.api.token.as_ref(), metrics));
     let blocking_threads = (config.api.max_streams + SPARE_BLOCKING_THREADS).min(MAX_BLOCKING_THREADS);
     std::thread::Builder::new().name("llmtap-api".into()).spawn(move || {
         crate::background::run_in_background();
@@ -68,32 +68,18 @@ pub fn spawn(
             }
         };
         runtime.block_on(async move {
-            if let Some(l) = listeners.viewer {
-                match tokio::net::TcpListener::from_std(l) {
-                    Ok(l) => {
-                        tokio::spawn(viewer.serve(l, stop.clone()));
+            let served = [listeners.grpc, listeners.viewer]
+                .into_iter()
+                .flatten()
+                .filter_map(|l| match tokio::net::TcpListener::from_std(l) {
+                    Ok(l) => Some(tokio::spawn(super::router::serve(router.clone(), l, stop.clone()))),
+                    Err(error) => {
+                        tracing::error!(%error, "Cannot use an API listener; the API and viewer are unavailable there");
+                        None
                     }
-                    Err(error) => tracing::error!(%error, "Cannot use the viewer listener; the viewer is unavailable"),
-                }
-            }
-            let Some(listener) = listeners.grpc else {
-                stop.cancelled().await;
-                return;
-            };
-            let listener = match tokio::net::TcpListener::from_std(listener) {
-                Ok(l) => l,
-                Err(error) => {
-                    tracing::error!(%error, "Cannot use the gRPC API listener; the API is unavailable");
-                    return;
-                }
-            };
-            let server = super::pb::llm_tap_server::LlmTapServer::with_interceptor(service, auth);
-            let served = tonic::transport::Server::builder()
-                .add_service(server)
-                .serve_with_incoming_shutdown(super::incoming(listener), stop.cancelled_owned())
-                .await;
-            if let Err(error) = served {
-                tracing::error!(%error, "gRPC API stopped");
+                });
+            for task in served.collect::<Vec<_>>() {
+                let _ = task.await;
             }
         });
     })

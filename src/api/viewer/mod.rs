@@ -1,35 +1,28 @@
-//! The web viewer: a small HTTP server on the API's runtime (`[viewer] listen`, loopback by default) serving one
-//! page of plain JS and CSS embedded in the binary, a JSON API over the store (`data`), session exports, and
-//! server-sent events bridged from the pipeline's live feed so that open pages update without a reload.
+//! The web viewer: one page of plain JS and CSS embedded in the binary, a JSON API over the store (`data`),
+//! session exports, and server-sent events bridged from the store's commit feed so that open pages update
+//! without a reload. Its routes are part of the API router (`api::router`), behind its layers (`api::auth`:
+//! security headers, cross-site refusal, token or loopback Host).
 //!
-//! Store reads run on the API runtime's blocking pool, never on the proxy's. Captured content is sensitive:
-//! every response carries a strict Content-Security-Policy (no inline script, nothing from elsewhere),
-//! `Referrer-Policy: no-referrer` and `Cache-Control: no-store`; a browser request from another site's page is
-//! refused on every API route (`Sec-Fetch-Site`, else `Origin`). Beyond loopback `[api] token` is required
-//! (checked by `app::run`) and presented as a bearer header, or as `/?token=` on the page alone, answered with a
-//! redirect that drops it from the URL and an HttpOnly same-site cookie derived from the token (not the token).
-//! Without a token, only requests whose Host is a loopback name are answered (a DNS-rebinding page cannot read
-//! the store).
+//! Store reads run on the API runtime's blocking pool, never on the proxy's.
 
 pub mod data;
 mod diff;
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
+use axum::Router;
+use axum::extract::{Path, RawQuery, State};
+use axum::routing::get;
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, header};
+use http::{Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
-use hyper::body::{Frame, Incoming};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use hyper::body::Frame;
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, broadcast, mpsc};
-use tokio_util::sync::CancellationToken;
 
 use super::{LiveEvent, LiveTx};
 use crate::model::format::ExportFormat;
@@ -40,11 +33,6 @@ const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
 const APP_CSS: &str = include_str!("assets/app.css");
 
-const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
-                   connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
-const COOKIE: &str = "llmtap_viewer";
-/// How long the cookie lasts; then the page is opened with `?token=` again.
-const COOKIE_MAX_AGE_SECS: u64 = 30 * 24 * 3600;
 /// Sessions per page of the list, steps per page of a trajectory.
 const SESSION_PAGE: u32 = 50;
 const STEP_PAGE: u32 = 100;
@@ -54,12 +42,12 @@ const MAX_EVENT_STREAMS: usize = 64;
 const EVENT_STALL: Duration = Duration::from_secs(30);
 
 type Body = BoxBody<Bytes, std::io::Error>;
+type Params = BTreeMap<String, String>;
 
 pub struct Viewer {
     store: Store,
     live: LiveTx,
     ctx: Arc<data::Context>,
-    token: Option<Credentials>,
     event_slots: Arc<Semaphore>,
     metrics: Arc<Metrics>,
     errors: EpisodeLog,
@@ -78,178 +66,46 @@ impl Viewer {
                     .collect::<BTreeMap<_, _>>(),
                 redactor: crate::proxy::redact::Redactor::new(&config.capture.redact_headers),
             }),
-            token: config.api.token.as_ref().map(|t| Credentials {
-                token: t.digest(),
-                cookie: super::auth::viewer_cookie(t),
-            }),
             event_slots: Arc::new(Semaphore::new(MAX_EVENT_STREAMS)),
             metrics,
             errors: EpisodeLog::default(),
         }
     }
 
-    /// Serve connections on `listener` until `stop` is cancelled.
-    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener, stop: CancellationToken) {
-        let connections = tokio_util::task::TaskTracker::new();
-        loop {
-            let stream = tokio::select! {
-                () = stop.cancelled() => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((s, _)) => s,
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-            };
-            let viewer = self.clone();
-            let stop = stop.clone();
-            connections.spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let viewer = viewer.clone();
-                    async move { Ok::<_, Infallible>(viewer.handle(req).await) }
-                });
-                let builder = auto::Builder::new(TokioExecutor::new());
-                let conn = builder.serve_connection(TokioIo::new(stream), service);
-                tokio::select! {
-                    _ = conn => {}
-                    () = stop.cancelled() => {}
-                }
-            });
-        }
-        connections.close();
-    }
-
-    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        let mut resp = if req.uri().path().starts_with("/api/") && is_cross_site(&req) {
-            text(
-                StatusCode::FORBIDDEN,
-                "llmtap viewer: requests from another site's page are refused",
+    /// The page, its assets and the JSON API. Other methods than the ones routed are answered 405.
+    pub fn routes(self: Arc<Self>) -> Router {
+        Router::new()
+            .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
+            .route(
+                "/assets/app.js",
+                get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
             )
-        } else {
-            match self.authorize(&req) {
-                Err((status, message)) => text(status, message),
-                Ok(Access::Granted) => self.route(&req).await,
-                Ok(Access::TokenInUrl(cookie)) => {
-                    // Back to the page without the token in its URL (history, logs); relative, so a viewer
-                    // behind a path prefix stays under it. The fragment (the page's route) is kept by the browser.
-                    let mut resp = text(StatusCode::SEE_OTHER, "");
-                    set_header(&mut resp, header::LOCATION, "./");
-                    set_header(&mut resp, header::SET_COOKIE, &cookie);
-                    resp
-                }
-            }
-        };
-        let h = resp.headers_mut();
-        for (k, v) in [
-            ("content-security-policy", CSP),
-            ("x-content-type-options", "nosniff"),
-            ("referrer-policy", "no-referrer"),
-            ("x-frame-options", "DENY"),
-            ("cache-control", "no-store"),
-        ] {
-            h.insert(k, http::HeaderValue::from_static(v));
-        }
-        resp
-    }
-
-    /// Whether the request may be answered; Err: the refusal.
-    fn authorize(&self, req: &Request<Incoming>) -> Result<Access, (StatusCode, &'static str)> {
-        let Some(expected) = &self.token else {
-            // No token: loopback only. Refuse other Host names (DNS rebinding).
-            return if is_loopback_host(request_host(req)) {
-                Ok(Access::Granted)
-            } else {
-                Err((
-                    StatusCode::FORBIDDEN,
-                    "llmtap viewer: only loopback host names are served",
-                ))
-            };
-        };
-        // `?token=` only on the page: anywhere else it would sit in URLs the page loads, Referers and logs.
-        if req.uri().path() == "/"
-            && let Some(t) = query_params(req.uri().query()).get("token")
-        {
-            if expected.token.matches(t) {
-                return Ok(Access::TokenInUrl(format!(
-                    "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={COOKIE_MAX_AGE_SECS}",
-                    expected.cookie
-                )));
-            }
-            self.metrics.api_unauthenticated.inc();
-            return Err(UNAUTHORIZED);
-        }
-        let bearer = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| expected.token.matches_bearer(v));
-        let cookie = || {
-            req.headers()
-                .get_all(header::COOKIE)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(';'))
-                .filter_map(|c| c.trim().split_once('='))
-                .any(|(k, v)| k == COOKIE && super::auth::cookie_matches(&expected.cookie, v))
-        };
-        if bearer || cookie() {
-            return Ok(Access::Granted);
-        }
-        self.metrics.api_unauthenticated.inc();
-        Err(UNAUTHORIZED)
-    }
-
-    async fn route(&self, req: &Request<Incoming>) -> Response<Body> {
-        if req.method() != Method::GET {
-            return text(StatusCode::METHOD_NOT_ALLOWED, "GET only");
-        }
-        let path = req.uri().path();
-        let q = query_params(req.uri().query());
-        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-        match segments.as_slice() {
-            [""] => asset("text/html; charset=utf-8", INDEX_HTML),
-            ["assets", "app.js"] => asset("text/javascript; charset=utf-8", APP_JS),
-            ["assets", "app.css"] => asset("text/css; charset=utf-8", APP_CSS),
-            ["api", "sessions"] => {
-                let query = session_query(&q);
-                self.read(move |r, _| data::list_sessions(r, &query).map(Some)).await
-            }
-            ["api", "sessions", id] => {
-                let id = decode(id);
-                self.read(move |r, _| data::session(r, &id)).await
-            }
-            ["api", "trajectories", id, "steps"] => {
-                let id = decode(id);
-                let after = q.get("after").and_then(|a| a.parse().ok());
-                let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(STEP_PAGE);
-                self.read(move |r, _| data::steps(r, &id, after, limit).map(Some)).await
-            }
-            ["api", "calls", id] => {
-                let id = decode(id);
-                self.read(move |r, ctx| data::call(r, ctx, &id)).await
-            }
-            ["api", "calls", id, "diff"] => {
-                let id = decode(id);
-                let against = q.get("against").filter(|a| !a.is_empty()).cloned();
-                self.read(move |r, _| data::call_diff(r, &id, against.as_deref())).await
-            }
-            ["api", "compare"] => {
-                let (a, b) = (
-                    q.get("a").cloned().unwrap_or_default(),
-                    q.get("b").cloned().unwrap_or_default(),
-                );
-                self.read(move |r, _| data::compare(r, &a, &b)).await
-            }
-            ["api", "export", format] => self.export(format, q.get("session").cloned()),
-            ["api", "events"] => self.events(),
+            .route(
+                "/assets/app.css",
+                get(|| async { asset("text/css; charset=utf-8", APP_CSS) }),
+            )
+            .route("/api/sessions", get(sessions))
+            .route("/api/sessions/{id}", get(session))
+            .route("/api/trajectories/{id}/steps", get(steps))
+            .route("/api/calls/{id}", get(call))
+            .route("/api/calls/{id}/diff", get(call_diff))
+            .route("/api/compare", get(compare))
+            .route("/api/export/{format}", get(export))
+            .route(
+                "/api/events",
+                get(|State(v): State<Arc<Viewer>>| async move { v.events() }),
+            )
             // llmtap's own metrics: the same collection of the same instruments as /metrics.
-            ["api", "metrics"] => json_response(
-                StatusCode::OK,
-                &crate::telemetry::exposition::to_json(&self.metrics.families()),
-            ),
-            _ => text(StatusCode::NOT_FOUND, "not found"),
-        }
+            .route(
+                "/api/metrics",
+                get(|State(v): State<Arc<Viewer>>| async move {
+                    json_response(
+                        StatusCode::OK,
+                        &crate::telemetry::exposition::to_json(&v.metrics.families()),
+                    )
+                }),
+            )
+            .with_state(self)
     }
 
     /// Run a store read on the blocking pool; None → 404.
@@ -381,55 +237,42 @@ impl Viewer {
     }
 }
 
-/// The viewer's checks of a request when `[api] token` is set.
-struct Credentials {
-    token: crate::config::TokenDigest,
-    /// The cookie's value (`auth::viewer_cookie`).
-    cookie: String,
+async fn sessions(State(v): State<Arc<Viewer>>, RawQuery(q): RawQuery) -> Response<Body> {
+    let query = session_query(&query_params(q.as_deref()));
+    v.read(move |r, _| data::list_sessions(r, &query).map(Some)).await
 }
 
-/// What `authorize` allows.
-enum Access {
-    Granted,
-    /// The page was opened with the right `?token=`: redirect without it, setting this cookie.
-    TokenInUrl(String),
+async fn session(State(v): State<Arc<Viewer>>, Path(id): Path<String>) -> Response<Body> {
+    v.read(move |r, _| data::session(r, &id)).await
 }
 
-const UNAUTHORIZED: (StatusCode, &str) = (
-    StatusCode::UNAUTHORIZED,
-    "llmtap viewer: open it once as /?token=<[api] token> (or send Authorization: Bearer <token>)",
-);
-
-/// Whether a browser sent this request from another site's page (a link, a form, a script, an image there).
-/// Browsers say so in `Sec-Fetch-Site`: only `same-origin` (the viewer's own page) and `none` (typed, a
-/// bookmark) are this viewer's; `same-site` is refused too, since another port of the same host is another
-/// program. Browsers without it send `Origin` on cross-origin fetches: it must name the Host. A client that
-/// sends neither (curl, scripts) is not a browser page and is judged by the token and Host rules alone.
-fn is_cross_site(req: &Request<Incoming>) -> bool {
-    let header = |name: &str| req.headers().get(name).map(|v| v.to_str().unwrap_or(""));
-    if let Some(site) = header("sec-fetch-site") {
-        return !(site.eq_ignore_ascii_case("same-origin") || site.eq_ignore_ascii_case("none"));
-    }
-    let Some(origin) = header("origin") else {
-        return false;
-    };
-    // The viewer speaks plain HTTP; behind a TLS-terminating proxy the page's origin is https.
-    let authority = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"));
-    !authority.is_some_and(|a| a.eq_ignore_ascii_case(request_host(req)))
+async fn steps(State(v): State<Arc<Viewer>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> Response<Body> {
+    let q = query_params(q.as_deref());
+    let after = q.get("after").and_then(|a| a.parse().ok());
+    let limit = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(STEP_PAGE);
+    v.read(move |r, _| data::steps(r, &id, after, limit).map(Some)).await
 }
 
-/// The request's Host (HTTP/1.1) or authority (HTTP/2); empty when it names none.
-fn request_host(req: &Request<Incoming>) -> &str {
-    req.headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()))
-        .unwrap_or("")
+async fn call(State(v): State<Arc<Viewer>>, Path(id): Path<String>) -> Response<Body> {
+    v.read(move |r, ctx| data::call(r, ctx, &id)).await
 }
 
-fn session_query(q: &BTreeMap<String, String>) -> SessionQuery {
+async fn call_diff(State(v): State<Arc<Viewer>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> Response<Body> {
+    let against = query_params(q.as_deref()).remove("against").filter(|a| !a.is_empty());
+    v.read(move |r, _| data::call_diff(r, &id, against.as_deref())).await
+}
+
+async fn compare(State(v): State<Arc<Viewer>>, RawQuery(q): RawQuery) -> Response<Body> {
+    let mut q = query_params(q.as_deref());
+    let (a, b) = (q.remove("a").unwrap_or_default(), q.remove("b").unwrap_or_default());
+    v.read(move |r, _| data::compare(r, &a, &b)).await
+}
+
+async fn export(State(v): State<Arc<Viewer>>, Path(format): Path<String>, RawQuery(q): RawQuery) -> Response<Body> {
+    v.export(&format, query_params(q.as_deref()).remove("session"))
+}
+
+fn session_query(q: &Params) -> SessionQuery {
     let time = |k: &str| {
         q.get(k)
             .filter(|v| !v.is_empty())
@@ -451,15 +294,8 @@ fn session_query(q: &BTreeMap<String, String>) -> SessionQuery {
     }
 }
 
-fn is_loopback_host(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-fn query_params(query: Option<&str>) -> BTreeMap<String, String> {
+/// A query string's parameters, decoded (`+` is a space); a repeated name keeps its last value.
+pub(super) fn query_params(query: Option<&str>) -> Params {
     query
         .unwrap_or("")
         .split('&')
