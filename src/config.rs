@@ -152,6 +152,8 @@ pub struct RawCost {
 pub struct RawViewer {
     /// HOST:PORT for the web viewer, or "off". Beyond loopback it requires `[api] token`.
     pub listen: Option<String>,
+    /// Whether the viewer may re-send a captured call (`POST api/calls/<id>/replay`; default false).
+    pub replay: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -269,6 +271,8 @@ pub struct Config {
     pub api: ApiConfig,
     /// The web viewer (`api::viewer`); None when "off". It shares `[api] token`.
     pub viewer_listen: Option<SocketAddr>,
+    /// `[viewer] replay`: the viewer's Replay of a captured call (docs/viewer.md); off by default.
+    pub viewer_replay: bool,
     /// Resource attributes for exports (service.name and OTEL_RESOURCE_ATTRIBUTES).
     pub resource: Vec<(String, String)>,
     pub server: ServerConfig,
@@ -858,6 +862,7 @@ impl RawConfig {
                         .map_err(|e| invalid("viewer.listen", format!("{text:?} is not HOST:PORT or \"off\" ({e})")))?,
                 ),
             },
+            viewer_replay: self.viewer.replay.unwrap_or(false),
             resource,
             server,
             prices_file: self.cost.prices_file,

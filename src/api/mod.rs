@@ -7,6 +7,7 @@
 //! listens, and a slow subscriber skips events (it is told how many) instead of holding the pipeline back.
 
 pub mod auth;
+pub mod replay;
 pub mod server;
 pub mod streams;
 pub mod viewer;

@@ -218,6 +218,17 @@ impl StoreReader {
         Ok(self.heads_where("t.id = ?1", id)?.pop())
     }
 
+    /// The calls that re-sent call `id` (their metadata's `replay_of`), oldest first, each with its session; by the
+    /// partial index `traces_replay_of` (schema v12).
+    pub fn replays_of(&self, id: &str) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, session_id FROM traces WHERE json_extract(metadata, '$.replay_of') = ?1
+             ORDER BY started_us, id",
+        )?;
+        let rows = stmt.query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// The calls that meet `condition` (on the traces row `t`, with `value` as `?1`).
     fn heads_where(&self, condition: &str, value: &str) -> Result<Vec<CallHead>, StoreError> {
         let mut stmt = self.conn.prepare_cached(&format!(
