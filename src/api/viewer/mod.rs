@@ -13,6 +13,7 @@
 
 pub mod data;
 mod diff;
+mod replay;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -66,7 +67,14 @@ pub struct Viewer {
 }
 
 impl Viewer {
-    pub fn new(config: &crate::config::Config, store: Store, live: LiveTx, metrics: Arc<Metrics>) -> Viewer {
+    /// `proxy`: where this llmtap's proxy listens (replays go through it).
+    pub fn new(
+        config: &crate::config::Config,
+        proxy: std::net::SocketAddr,
+        store: Store,
+        live: LiveTx,
+        metrics: Arc<Metrics>,
+    ) -> Viewer {
         Viewer {
             store,
             live,
@@ -77,6 +85,7 @@ impl Viewer {
                     .map(|(k, u)| (k.clone(), u.url.to_string()))
                     .collect::<BTreeMap<_, _>>(),
                 redactor: crate::proxy::redact::Redactor::new(&config.capture.redact_headers),
+                replay_proxy: config.viewer_replay.then_some(proxy),
             }),
             token: config.api.token.as_ref().map(|t| Credentials {
                 token: t.digest(),
@@ -129,7 +138,7 @@ impl Viewer {
         } else {
             match self.authorize(&req) {
                 Err((status, message)) => text(status, message),
-                Ok(Access::Granted) => self.route(&req).await,
+                Ok(Access::Granted) => self.route(req).await,
                 Ok(Access::TokenInUrl(cookie)) => {
                     // Back to the page without the token in its URL (history, logs); relative, so a viewer
                     // behind a path prefix stays under it. The fragment (the page's route) is kept by the browser.
@@ -200,13 +209,20 @@ impl Viewer {
         Err(UNAUTHORIZED)
     }
 
-    async fn route(&self, req: &Request<Incoming>) -> Response<Body> {
+    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        // The one route that changes anything: a replay (`replay::post`), POST only.
+        if req.method() == Method::POST
+            && let ["api", "calls", id, "replay"] = segments.as_slice()
+        {
+            let ctx = self.ctx.clone();
+            return replay::post(self.store.clone(), ctx, self.live.clone(), decode(id), req).await;
+        }
         if req.method() != Method::GET {
             return text(StatusCode::METHOD_NOT_ALLOWED, "GET only");
         }
-        let path = req.uri().path();
         let q = query_params(req.uri().query());
-        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         match segments.as_slice() {
             [""] => asset("text/html; charset=utf-8", INDEX_HTML),
             ["assets", "app.js"] => asset("text/javascript; charset=utf-8", APP_JS),
@@ -233,6 +249,10 @@ impl Viewer {
                 let id = decode(id);
                 let against = q.get("against").filter(|a| !a.is_empty()).cloned();
                 self.read(move |r, _| data::call_diff(r, &id, against.as_deref())).await
+            }
+            ["api", "calls", id, "replay"] => {
+                let id = decode(id);
+                self.read(move |r, ctx| replay::info(r, ctx, &id)).await
             }
             ["api", "compare"] => {
                 let (a, b) = (
