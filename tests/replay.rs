@@ -197,3 +197,56 @@ async fn get_json(url: &str) -> Value {
     assert_eq!(r.status, 200, "{url}: {}", String::from_utf8_lossy(&r.body));
     serde_json::from_slice(&r.body).unwrap()
 }
+
+/// With the shared store (`[store] url`): the CLI reads the original from PostgreSQL and finds its replay there,
+/// and the viewer (which reads the shared store) links the two, through PostgreSQL's `replays_of`.
+#[tokio::test(flavor = "multi_thread")]
+async fn replays_are_found_and_linked_in_the_shared_store() {
+    let pg = postgres::server();
+    let url = pg.database("replay");
+    let up = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&upstream_config(&up, &format!("[store]\nurl = \"{url}\"\n")), dir.path());
+    let original = original_call(&tap).await;
+    let id = original["id"].as_str().unwrap().to_owned();
+    // Delivered to PostgreSQL (its shared-store sink runs behind the local store).
+    let delivered = |n: usize| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let tables = pg.psql(&url, "SELECT to_regclass('public.traces') IS NOT NULL");
+            if tables.trim() == "t" && pg.psql(&url, "SELECT count(*) FROM traces").trim().parse::<usize>().unwrap() >= n {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "{n} traces not delivered to PostgreSQL");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    delivered(1);
+    // An empty data dir of its own: the CLI can only read the shared store.
+    let empty = tempfile::tempdir().unwrap();
+    let out = llmtap_command()
+        .args(["replay", &id, "--set", "max_tokens=5", "--proxy", &tap.addr.to_string(), "--store", &url])
+        .arg("--data-dir")
+        .arg(empty.path())
+        .env("ANTHROPIC_API_KEY", REPLAY_KEY)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let new_id = stderr.split("captured as ").nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    assert_eq!(up.received()[1].headers["x-api-key"], REPLAY_KEY);
+    let base = format!("http://{}", tap.viewer_addr.unwrap());
+    let of_original = get_json(&format!("{base}/api/calls/{id}/replay")).await;
+    assert_eq!(of_original["replays"][0]["id"], new_id.as_str());
+    let of_new = get_json(&format!("{base}/api/calls/{new_id}/replay")).await;
+    assert_eq!(of_new["replay_of"], id.as_str());
+    // The lookup is the partial index's.
+    let plan = pg.psql(
+        &url,
+        &format!(
+            "SET enable_seqscan = off; EXPLAIN SELECT id FROM traces WHERE (head::jsonb -> 'meta' ->> 'replay_of') = '{id}'"
+        ),
+    );
+    assert!(plan.contains("traces_replay_of"), "{plan}");
+    assert!(pg.psql(&url, "SELECT head FROM traces").find(REPLAY_KEY).is_none());
+}

@@ -420,7 +420,10 @@ mod tests {
                 ["trajectories_named_session", "trajectories_seq", "trajectories_started"]
             );
             assert_eq!(indexes_of(&conn, "steps"), ["steps_trace"]);
-            assert_eq!(indexes_of(&conn, "traces"), ["traces_started", "traces_trajectory_seq"]);
+            assert_eq!(
+                indexes_of(&conn, "traces"),
+                ["traces_replay_of", "traces_started", "traces_trajectory_seq"]
+            );
             let version: i64 = conn
                 .pragma_query_value(None, "user_version", |r| r.get(0))
                 .unwrap_or_else(|e| panic!("{e}"));
