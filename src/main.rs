@@ -281,9 +281,7 @@ fn replay(store: StoreArgs, args: llmtap::cli::replay::ReplayArgs) -> Result<()>
     use llmtap::cli::replay::{Setup, run};
     let config = resolve_config(&store, None)?;
     let proxy = match &args.proxy {
-        Some(p) => p
-            .parse()
-            .with_context(|| format!("--proxy {p:?} is not HOST:PORT"))?,
+        Some(p) => p.parse().with_context(|| format!("--proxy {p:?} is not HOST:PORT"))?,
         None => config.listen,
     };
     let setup = Setup {

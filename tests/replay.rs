@@ -124,7 +124,10 @@ async fn replay_sends_the_edit_with_the_users_key_streams_is_captured_linked_and
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
     // The stream as the provider sent it.
-    assert!(stdout.contains("event: message_start") && stdout.contains("event: message_stop"), "{stdout}");
+    assert!(
+        stdout.contains("event: message_start") && stdout.contains("event: message_stop"),
+        "{stdout}"
+    );
     let new_id = stderr
         .split("captured as ")
         .nth(1)
@@ -172,13 +175,21 @@ async fn replay_sends_the_edit_with_the_users_key_streams_is_captured_linked_and
     let of_new = get_json(&format!("{base}/api/calls/{new_id}/replay")).await;
     assert_eq!(of_new["replay_of"], id.as_str());
     let of_original = get_json(&format!("{base}/api/calls/{id}/replay")).await;
-    let replays: Vec<&Value> = of_original["replays"].as_array().unwrap().iter().map(|r| &r["id"]).collect();
+    let replays: Vec<&Value> = of_original["replays"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["id"])
+        .collect();
     assert_eq!(replays, [&Value::from(new_id.as_str())]);
     assert_eq!(of_original["replays"][0]["model"], "claude-replayed-9");
     assert!(of_original["replay_of"].is_null());
     // The link header is recorded with the trace's request headers.
     let headers = new["headers"]["request"].to_string();
-    assert!(headers.contains(&format!("\"x-llmtap-replay-of\":\"{id}\"")), "{headers}");
+    assert!(
+        headers.contains(&format!("\"x-llmtap-replay-of\":\"{id}\"")),
+        "{headers}"
+    );
 
     // Neither key anywhere in llmtap's data dir (the store, its WAL) nor in its log.
     tap.wait_settled();
@@ -206,7 +217,10 @@ async fn replays_are_found_and_linked_in_the_shared_store() {
     let url = pg.database("replay");
     let up = Scripted::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let tap = Llmtap::start(&upstream_config(&up, &format!("[store]\nurl = \"{url}\"\n")), dir.path());
+    let tap = Llmtap::start(
+        &upstream_config(&up, &format!("[store]\nurl = \"{url}\"\n")),
+        dir.path(),
+    );
     let original = original_call(&tap).await;
     let id = original["id"].as_str().unwrap().to_owned();
     // Delivered to PostgreSQL (its shared-store sink runs behind the local store).
@@ -214,10 +228,20 @@ async fn replays_are_found_and_linked_in_the_shared_store() {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             let tables = pg.psql(&url, "SELECT to_regclass('public.traces') IS NOT NULL");
-            if tables.trim() == "t" && pg.psql(&url, "SELECT count(*) FROM traces").trim().parse::<usize>().unwrap() >= n {
+            if tables.trim() == "t"
+                && pg
+                    .psql(&url, "SELECT count(*) FROM traces")
+                    .trim()
+                    .parse::<usize>()
+                    .unwrap()
+                    >= n
+            {
                 return;
             }
-            assert!(std::time::Instant::now() < deadline, "{n} traces not delivered to PostgreSQL");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{n} traces not delivered to PostgreSQL"
+            );
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
     };
@@ -225,7 +249,16 @@ async fn replays_are_found_and_linked_in_the_shared_store() {
     // An empty data dir of its own: the CLI can only read the shared store.
     let empty = tempfile::tempdir().unwrap();
     let out = llmtap_command()
-        .args(["replay", &id, "--set", "max_tokens=5", "--proxy", &tap.addr.to_string(), "--store", &url])
+        .args([
+            "replay",
+            &id,
+            "--set",
+            "max_tokens=5",
+            "--proxy",
+            &tap.addr.to_string(),
+            "--store",
+            &url,
+        ])
         .arg("--data-dir")
         .arg(empty.path())
         .env("ANTHROPIC_API_KEY", REPLAY_KEY)
@@ -233,7 +266,14 @@ async fn replays_are_found_and_linked_in_the_shared_store() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
-    let new_id = stderr.split("captured as ").nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    let new_id = stderr
+        .split("captured as ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
     assert_eq!(up.received()[1].headers["x-api-key"], REPLAY_KEY);
     let base = format!("http://{}", tap.viewer_addr.unwrap());
     let of_original = get_json(&format!("{base}/api/calls/{id}/replay")).await;

@@ -65,7 +65,18 @@ async fn replay_is_refused_when_off_from_another_site_and_without_json_and_serve
     let r = post(&base, &call, &[json_ct], &posted).await;
     assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
     assert!(String::from_utf8_lossy(&r.body).contains("[viewer] replay = true"));
-    let info: Value = serde_json::from_slice(&send(&client(), "GET", &format!("{base}/api/calls/{call}/replay"), &[], vec![]).await.body).unwrap();
+    let info: Value = serde_json::from_slice(
+        &send(
+            &client(),
+            "GET",
+            &format!("{base}/api/calls/{call}/replay"),
+            &[],
+            vec![],
+        )
+        .await
+        .body,
+    )
+    .unwrap();
     assert_eq!(info["enabled"], false);
     assert_eq!(info["key_needed"], true);
     assert_eq!(info["key_header"], "x-api-key");
@@ -74,19 +85,35 @@ async fn replay_is_refused_when_off_from_another_site_and_without_json_and_serve
 
     // On.
     let dir = tempfile::tempdir().unwrap();
-    let tap = Llmtap::start(&upstream_config(&up, "[viewer]\nlisten = \"127.0.0.1:0\"\nreplay = true\n"), dir.path());
+    let tap = Llmtap::start(
+        &upstream_config(&up, "[viewer]\nlisten = \"127.0.0.1:0\"\nreplay = true\n"),
+        dir.path(),
+    );
     let base = format!("http://{}", tap.viewer_addr.unwrap());
     let call = original_call(&tap, false).await["id"].as_str().unwrap().to_owned();
     assert_eq!(up.received().len(), 2);
     // From another site's page (a script there, a form there, a browser without Sec-Fetch-*), or not as JSON
     // (what a cross-site form can send without a preflight): refused, nothing sent.
     let refused: [(&[(&str, &str)], u16); 6] = [
-        (&[json_ct, ("sec-fetch-site", "cross-site"), ("origin", "http://evil.example")], 403),
+        (
+            &[
+                json_ct,
+                ("sec-fetch-site", "cross-site"),
+                ("origin", "http://evil.example"),
+            ],
+            403,
+        ),
         (&[json_ct, ("sec-fetch-site", "same-site")], 403),
         (&[json_ct, ("origin", "http://evil.example")], 403),
         (&[("content-type", "text/plain"), ("sec-fetch-site", "cross-site")], 403),
         (&[("content-type", "application/x-www-form-urlencoded")], 415),
-        (&[("content-type", "text/plain;charset=UTF-8"), ("sec-fetch-site", "same-origin")], 415),
+        (
+            &[
+                ("content-type", "text/plain;charset=UTF-8"),
+                ("sec-fetch-site", "same-origin"),
+            ],
+            415,
+        ),
     ];
     for (headers, status) in refused {
         let r = post(&base, &call, headers, &posted).await;
@@ -98,7 +125,13 @@ async fn replay_is_refused_when_off_from_another_site_and_without_json_and_serve
     assert_eq!(up.received().len(), 2);
 
     // From the viewer's own page: sent with the key, captured, linked; the answer does not echo the key.
-    let r = post(&base, &call, &[json_ct, ("sec-fetch-site", "same-origin"), ("origin", &base)], &posted).await;
+    let r = post(
+        &base,
+        &call,
+        &[json_ct, ("sec-fetch-site", "same-origin"), ("origin", &base)],
+        &posted,
+    )
+    .await;
     let text = String::from_utf8_lossy(&r.body).into_owned();
     assert_eq!(r.status, 200, "{text}");
     assert!(!text.contains(KEY));
@@ -111,14 +144,47 @@ async fn replay_is_refused_when_off_from_another_site_and_without_json_and_serve
     let body: Value = serde_json::from_slice(&received[2].body).unwrap();
     assert_eq!(body["model"], "claude-from-viewer");
     assert_eq!(body["stream"], false);
-    let info: Value = serde_json::from_slice(&send(&client(), "GET", &format!("{base}/api/calls/{call}/replay"), &[], vec![]).await.body).unwrap();
+    let info: Value = serde_json::from_slice(
+        &send(
+            &client(),
+            "GET",
+            &format!("{base}/api/calls/{call}/replay"),
+            &[],
+            vec![],
+        )
+        .await
+        .body,
+    )
+    .unwrap();
     assert_eq!(info["enabled"], true);
     assert_eq!(info["replays"][0]["id"], new_id.as_str());
     tap.wait_settled();
     for path in files_under(dir.path()) {
         let bytes = std::fs::read(&path).unwrap();
-        assert!(!bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes()), "the key is in {}", path.display());
+        assert!(
+            !bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
+            "the key is in {}",
+            path.display()
+        );
     }
+    drop(tap);
+
+    // With [api] token (required beyond loopback): the replay route is behind it like every other.
+    let dir = tempfile::tempdir().unwrap();
+    let token = "replay-viewer-token";
+    let extra =
+        format!("[api]\nlisten = \"off\"\ntoken = \"{token}\"\n[viewer]\nlisten = \"127.0.0.1:0\"\nreplay = true\n");
+    let tap = Llmtap::start(&upstream_config(&up, &extra), dir.path());
+    let base = format!("http://{}", tap.viewer_addr.unwrap());
+    let call = original_call(&tap, false).await["id"].as_str().unwrap().to_owned();
+    let sent = up.received().len();
+    let r = post(&base, &call, &[json_ct], &posted).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(up.received().len(), sent);
+    let bearer = format!("Bearer {token}");
+    let r = post(&base, &call, &[json_ct, ("authorization", &bearer)], &posted).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(up.received().len(), sent + 1);
 }
 
 fn browser_dir() -> PathBuf {
@@ -138,7 +204,10 @@ async fn chromium_replays_a_call_with_an_edited_model_and_follows_the_links_betw
     );
     let up = Scripted::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let tap = Llmtap::start(&upstream_config(&up, "[viewer]\nlisten = \"127.0.0.1:0\"\nreplay = true\n"), dir.path());
+    let tap = Llmtap::start(
+        &upstream_config(&up, "[viewer]\nlisten = \"127.0.0.1:0\"\nreplay = true\n"),
+        dir.path(),
+    );
     let viewer = tap.viewer_addr.expect("viewer enabled");
     let original = original_call(&tap, true).await;
     let call = original["id"].as_str().unwrap().to_owned();
@@ -184,7 +253,10 @@ async fn chromium_replays_a_call_with_an_edited_model_and_follows_the_links_betw
     // The new call as stored, and the page's links both ways.
     let traces = tap.wait_for_traces(2);
     let new_id = report["after"]["new_id"].as_str().unwrap();
-    let new = traces.iter().find(|t| t["id"] == new_id).expect("the linked call is stored");
+    let new = traces
+        .iter()
+        .find(|t| t["id"] == new_id)
+        .expect("the linked call is stored");
     assert_eq!(new["model"], new_model);
     assert_eq!(new["streamed"], true);
     assert_eq!(report["after"]["replays"], json!([new_id]));

@@ -136,7 +136,13 @@ pub fn key_variables(trace: &ProviderTrace) -> Vec<String> {
     let name: String = trace
         .upstream
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
         .collect();
     let mut vars = vec![format!("{name}_API_KEY")];
     if trace.api == Api::GeminiGenerateContent {
@@ -304,7 +310,11 @@ fn query_params(path: &str) -> impl Iterator<Item = (&str, &str)> {
 
 /// `/a/b` or `a/b` → the parent's pointer and the last token, unescaped (`~1` is `/`, `~0` is `~`).
 fn split_pointer(pointer: &str) -> Result<(String, String), ReplayError> {
-    let p = if pointer.starts_with('/') { pointer.to_owned() } else { format!("/{pointer}") };
+    let p = if pointer.starts_with('/') {
+        pointer.to_owned()
+    } else {
+        format!("/{pointer}")
+    };
     let Some((parent, last)) = p.rsplit_once('/') else {
         return Err(edit_error(pointer, "empty pointer"));
     };
@@ -345,7 +355,10 @@ fn set_pointer(body: &mut Value, pointer: &str, v: Value) -> Result<(), ReplayEr
                     items.push(v);
                     Ok(())
                 }
-                _ => Err(edit_error(pointer, format!("no element {last} in an array of {}", items.len()))),
+                _ => Err(edit_error(
+                    pointer,
+                    format!("no element {last} in an array of {}", items.len()),
+                )),
             }
         }
         Some(_) => Err(edit_error(pointer, "its parent is neither an object nor an array")),
@@ -366,7 +379,11 @@ fn unset_pointer(body: &mut Value, pointer: &str) -> Result<(), ReplayError> {
         },
         _ => false,
     };
-    if removed { Ok(()) } else { Err(edit_error(pointer, "not in the body")) }
+    if removed {
+        Ok(())
+    } else {
+        Err(edit_error(pointer, "not in the body"))
+    }
 }
 
 /// Characters a model id keeps in a path segment.
@@ -429,8 +446,8 @@ pub async fn send(proxy: SocketAddr, plan: Plan) -> Result<http::Response<hyper:
     *request.method_mut() = plan.method;
     *request.uri_mut() = uri;
     *request.headers_mut() = plan.headers;
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<Full<Bytes>>();
+    let client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();
     client.request(request).await.map_err(|e| ReplayError::Proxy {
         addr,
         reason: error_chain(&e),
@@ -504,7 +521,13 @@ mod tests {
         );
         let redactor = Redactor::new(&[]);
         let edits = Edits {
-            set: vec![("max_tokens".into(), 100.into()), ("/messages/-".into(), serde_json::json!({"role": "user", "content": "more"}))],
+            set: vec![
+                ("max_tokens".into(), 100.into()),
+                (
+                    "/messages/-".into(),
+                    serde_json::json!({"role": "user", "content": "more"}),
+                ),
+            ],
             model: Some("claude-b".into()),
             ..Edits::default()
         };
@@ -513,7 +536,14 @@ mod tests {
         let names: Vec<&str> = p.headers.keys().map(|k| k.as_str()).collect();
         assert_eq!(
             names,
-            ["content-type", "anthropic-version", "anthropic-beta", "x-api-key", "x-llmtap-replay-of", "x-llmtap-session"]
+            [
+                "content-type",
+                "anthropic-version",
+                "anthropic-beta",
+                "x-api-key",
+                "x-llmtap-replay-of",
+                "x-llmtap-session"
+            ]
         );
         assert_eq!(p.headers["x-api-key"], "sk-user");
         assert!(p.headers["x-api-key"].is_sensitive());
@@ -528,7 +558,10 @@ mod tests {
         let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["model", "max_tokens", "stream", "messages"]);
         // No key given for a call that had one: refused, not sent without.
-        assert!(matches!(plan(&t, &upstreams(), &redactor, &Edits::default(), None), Err(ReplayError::KeyMissing)));
+        assert!(matches!(
+            plan(&t, &upstreams(), &redactor, &Edits::default(), None),
+            Err(ReplayError::KeyMissing)
+        ));
         // A key that would split the header.
         assert!(matches!(
             plan(&t, &upstreams(), &redactor, &Edits::default(), Some("k\r\nx-evil: 1")),
@@ -539,7 +572,13 @@ mod tests {
     #[test]
     fn unedited_bodies_go_as_captured_and_paths_lose_the_upstream_prefix_and_a_redacted_query_key() {
         let text = "{\"model\": \"llama\",  \"messages\": []}";
-        let mut t = trace(Api::OpenAiChat, "groq", "/openai/v1/chat/completions", &[("authorization", REDACTED)], "null");
+        let mut t = trace(
+            Api::OpenAiChat,
+            "groq",
+            "/openai/v1/chat/completions",
+            &[("authorization", REDACTED)],
+            "null",
+        );
         t.request = JsonText::from_value(&serde_json::from_str::<Value>(text).unwrap());
         let p = plan(&t, &upstreams(), &Redactor::new(&[]), &Edits::default(), Some("gk")).unwrap();
         assert_eq!(p.path, "/groq/v1/chat/completions");
@@ -558,7 +597,10 @@ mod tests {
             ..Edits::default()
         };
         let p = plan(&g, &upstreams(), &Redactor::new(&[]), &edits, Some("AIza")).unwrap();
-        assert_eq!(p.path, "/gemini/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse");
+        assert_eq!(
+            p.path,
+            "/gemini/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+        );
         assert_eq!(p.headers["x-goog-api-key"], "AIza");
         assert!(serde_json::from_slice::<Value>(&p.body).unwrap().get("model").is_none());
         assert_eq!(key_variables(&g), ["GEMINI_API_KEY", "GOOGLE_API_KEY"]);
@@ -569,7 +611,13 @@ mod tests {
             plan(&other, &upstreams(), &Redactor::new(&[]), &Edits::default(), None),
             Err(ReplayError::NoRoute(_))
         ));
-        let signed = trace(Api::AnthropicMessages, "anthropic", "/v1/messages", &[("x-amz-date", "2026")], "{}");
+        let signed = trace(
+            Api::AnthropicMessages,
+            "anthropic",
+            "/v1/messages",
+            &[("x-amz-date", "2026")],
+            "{}",
+        );
         assert!(matches!(
             plan(&signed, &upstreams(), &Redactor::new(&[]), &Edits::default(), None),
             Err(ReplayError::Signed)

@@ -146,13 +146,25 @@ pub async fn run(
     let plan = if args.dry_run {
         // The key's place shows the variable, not the key.
         let shown = format!("${}", variables.first().map_or("KEY", String::as_str));
-        replay::plan(&trace, &setup.upstreams, &setup.redactor, &edits, key.as_ref().map(|_| shown.as_str()))?
+        replay::plan(
+            &trace,
+            &setup.upstreams,
+            &setup.redactor,
+            &edits,
+            key.as_ref().map(|_| shown.as_str()),
+        )?
     } else {
         replay::plan(&trace, &setup.upstreams, &setup.redactor, &edits, key.as_deref())?
     };
     drop(key);
     if args.dry_run {
-        writeln!(out, "{} http://{}{}", plan.method, replay::reachable(setup.proxy), plan.path)?;
+        writeln!(
+            out,
+            "{} http://{}{}",
+            plan.method,
+            replay::reachable(setup.proxy),
+            plan.path
+        )?;
         for (k, v) in &plan.headers {
             writeln!(out, "{k}: {}", String::from_utf8_lossy(v.as_bytes()))?;
         }

@@ -619,6 +619,9 @@ mod tests {
         let (_dir, reader) = store(&rows()[..3]);
         let plan = super::super::query_plan(&reader.conn, REPLAYS_OF, ["a-call"]).join("\n");
         assert!(plan.contains("USING INDEX traces_replay_of"), "{plan}");
-        assert_eq!(reader.replays_of("a-call").unwrap_or_else(|e| panic!("{e}")), Vec::new());
+        assert_eq!(
+            reader.replays_of("a-call").unwrap_or_else(|e| panic!("{e}")),
+            Vec::new()
+        );
     }
 }

@@ -82,7 +82,13 @@ pub fn info(reader: &dyn Query, ctx: &data::Context, id: &str) -> Result<Option<
 
 /// Re-send call `id` with the posted edits and key; answer `{id, session, status}` (`id` null when the capture
 /// did not reach the store in time).
-pub async fn post(store: Store, ctx: Arc<data::Context>, live: LiveTx, id: String, req: Request<Incoming>) -> Response<Body> {
+pub async fn post(
+    store: Store,
+    ctx: Arc<data::Context>,
+    live: LiveTx,
+    id: String,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let Some(proxy) = ctx.replay_proxy else {
         return error(
             StatusCode::FORBIDDEN,
@@ -96,11 +102,19 @@ pub async fn post(store: Store, ctx: Arc<data::Context>, live: LiveTx, id: Strin
         .and_then(|v| v.split(';').next())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
     if !json_body {
-        return error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "a replay is posted as application/json");
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a replay is posted as application/json",
+        );
     }
     let bytes = match Limited::new(req.into_body(), MAX_REQUEST_BYTES).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(_) => return error(StatusCode::PAYLOAD_TOO_LARGE, "the replay request is too large or was cut"),
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the replay request is too large or was cut",
+            );
+        }
     };
     // serde's message could quote the posted text, key included: a fixed message instead.
     let Ok(posted) = serde_json::from_slice::<Posted>(&bytes) else {
@@ -148,7 +162,12 @@ pub async fn post(store: Store, ctx: Arc<data::Context>, live: LiveTx, id: Strin
     let status = match answered {
         Ok(Ok(status)) => status,
         Ok(Err(e)) => return error(StatusCode::BAD_GATEWAY, &e.to_string()),
-        Err(_) => return error(StatusCode::GATEWAY_TIMEOUT, "the provider did not finish answering in time"),
+        Err(_) => {
+            return error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the provider did not finish answering in time",
+            );
+        }
     };
     // The new call: its live event names the replay's session; the store is asked too (a missed event, or a
     // viewer reading a shared store).
