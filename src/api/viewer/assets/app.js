@@ -405,12 +405,14 @@ async function replayBox(callId, box) {
   body.value = bodyText;
   const result = h('div', { id: 'replay-result' });
   const send = h('button', { id: 'replay-send', onclick: async () => {
-    const posted = { key: key.value };
-    key.value = '';
+    const posted = {};
     if (model.value !== (r.model || '')) posted.model = model.value;
     if (body.value !== bodyText) {
       try { posted.body = JSON.parse(body.value); } catch (e) { result.replaceChildren(h('span', { class: 'err' }, 'The body is not JSON: ' + e.message)); return; }
     }
+    // The key leaves the field as it is sent.
+    posted.key = key.value;
+    key.value = '';
     send.disabled = true;
     result.replaceChildren(h('span', { class: 'muted' }, 'Sending…'));
     try {
