@@ -181,6 +181,7 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
     let mut listeners = crate::api::server::Listeners {
         grpc: None,
         viewer: None,
+        proxy: local,
     };
     if let Some(addr) = config.api.listen {
         let api_listener = std::net::TcpListener::bind(addr).map_err(|source| AppError::Listen { addr, source })?;

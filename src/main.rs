@@ -264,6 +264,7 @@ fn run(cli: Cli) -> Result<()> {
             print!("{}", llmtap::cli::run::describe(&ca.info));
         }
         Command::Run { .. } => anyhow::bail!("`run` is handled by main"),
+        Command::Replay { store, args } => replay(store, args)?,
         Command::Status { addr, config } => {
             let config = load_config(config.as_ref())?.validate()?;
             let token = config.api.token.as_ref().map(|t| t.expose());
@@ -273,6 +274,33 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `llmtap replay`: the call re-sent through the running proxy (the config's `listen`, or `--proxy`).
+fn replay(store: StoreArgs, args: llmtap::cli::replay::ReplayArgs) -> Result<()> {
+    use llmtap::cli::replay::{Setup, run};
+    let config = resolve_config(&store, None)?;
+    let proxy = match &args.proxy {
+        Some(p) => p.parse().with_context(|| format!("--proxy {p:?} is not HOST:PORT"))?,
+        None => config.listen,
+    };
+    let setup = Setup {
+        store: open_store(&store)?,
+        upstreams: config
+            .upstreams
+            .iter()
+            .map(|(k, u)| (k.clone(), u.url.to_string()))
+            .collect(),
+        redactor: llmtap::proxy::redact::Redactor::new(&config.capture.redact_headers),
+        proxy,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let mut out = std::io::stdout();
+        let mut err = std::io::stderr();
+        run(&args, &setup, |name| std::env::var(name).ok(), &mut out, &mut err).await
+    })?;
     Ok(())
 }
 

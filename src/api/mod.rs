@@ -8,6 +8,7 @@
 //! listens, and a slow subscriber skips events (it is told how many) instead of holding the writer back.
 
 pub mod auth;
+pub mod replay;
 pub mod router;
 pub mod server;
 pub mod streams;

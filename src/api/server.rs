@@ -22,6 +22,8 @@ pub const MAX_BLOCKING_THREADS: usize = 34;
 pub struct Listeners {
     pub grpc: Option<std::net::TcpListener>,
     pub viewer: Option<std::net::TcpListener>,
+    /// Where the proxy listens: the viewer's replays go through it.
+    pub proxy: std::net::SocketAddr,
 }
 
 /// Serve the API router (the gRPC API and the viewer) on its listeners until `stop` is cancelled.
@@ -38,6 +40,7 @@ pub fn spawn(
     }
     let viewer = Arc::new(super::viewer::Viewer::new(
         config,
+        listeners.proxy,
         store.clone(),
         live.clone(),
         metrics.clone(),

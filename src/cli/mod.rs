@@ -1,5 +1,6 @@
 //! Command line. Pipeline shape lives in the config file; runtime-only knobs are flags.
 
+pub mod replay;
 pub mod run;
 pub mod sessions;
 pub mod tail;
@@ -142,6 +143,18 @@ pub enum Command {
         /// The command and its arguments (after `--`).
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
+    },
+    /// Re-send a captured call to its provider through the running llmtap, edited; the new call is captured
+    /// and linked to the original.
+    ///
+    /// The response goes to stdout as the provider sends it (a stream as a stream), then the new call's id to
+    /// stderr. The key comes from the environment: <UPSTREAM>_API_KEY (ANTHROPIC_API_KEY, OPENAI_API_KEY,
+    /// GEMINI_API_KEY or GOOGLE_API_KEY for the built-in routes) or the variable --key-env names.
+    Replay {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[command(flatten)]
+        args: replay::ReplayArgs,
     },
     /// Print a running llmtap's counters (from its /metrics endpoint).
     Status {

@@ -69,12 +69,15 @@ pub struct ViewerConfig {
     /// HOST:PORT for the web viewer; None when "off". Beyond loopback it requires `[api] token`.
     #[serde(deserialize_with = "host_port_or_off")]
     pub listen: Option<SocketAddr>,
+    /// Whether the viewer may re-send a captured call (`POST api/calls/<id>/replay`, docs/viewer.md).
+    pub replay: bool,
 }
 
 impl Default for ViewerConfig {
     fn default() -> Self {
         ViewerConfig {
             listen: Some(addr(DEFAULT_VIEWER_LISTEN)),
+            replay: false,
         }
     }
 }

@@ -118,4 +118,21 @@ pub struct ExchangeMeta {
     /// W3C trace context the agent sent, kept so exports can join the agent's own trace.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// The call this one re-sent (`llmtap replay`, the viewer's Replay): the trace id in [`REPLAY_OF_HEADER`],
+    /// set by the pipeline from the captured request headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<String>,
+}
+
+/// The request header a replay carries naming the call it re-sends. Unlike llmtap's other `x-llmtap-*` headers it
+/// stays in the captured request headers (the pipeline reads it from there, so the data path and the spill's
+/// record format know nothing of replays); like them it is never forwarded upstream.
+pub const REPLAY_OF_HEADER: &str = "x-llmtap-replay-of";
+
+/// `value` when it can be a trace id (letters, digits, `-`, `_`; at most 64): a header anyone can send names
+/// no more than that.
+pub fn replay_of_value(value: &str) -> Option<String> {
+    let v = value.trim();
+    (!v.is_empty() && v.len() <= 64 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        .then(|| v.to_owned())
 }

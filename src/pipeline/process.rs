@@ -7,6 +7,7 @@ use serde_json::Value;
 use crate::capture::sse::{looks_like_sse, parse_events};
 use crate::capture::{Captured, Outcome, RawExchange, decode::decode_body};
 use crate::model::call::NormalizedCall;
+use crate::model::exchange::{REPLAY_OF_HEADER, replay_of_value};
 use crate::model::json::{Json, JsonText};
 use crate::model::trace::{CallFacts, ProviderTrace};
 use crate::provider::{CallContext, adapter_for, eventstream};
@@ -250,6 +251,12 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         Some(redacted) => JsonText::from_redacted(redacted),
         None => request,
     };
+    let request_headers = ex.request.headers.to_pairs();
+    let mut meta = ex.meta;
+    meta.replay_of = request_headers
+        .iter()
+        .find(|(k, _)| k == REPLAY_OF_HEADER)
+        .and_then(|(_, v)| replay_of_value(v));
     let trace = ProviderTrace {
         id,
         upstream: ex.upstream.to_string(),
@@ -263,12 +270,12 @@ pub fn process(mut ex: RawExchange, cap: usize) -> Processed {
         timings: ex.timings,
         request_bytes: ex.request.len,
         response_bytes: ex.response.as_ref().map_or(0, |r| r.len),
-        request_headers: ex.request.headers.to_pairs(),
+        request_headers,
         response_headers: ex.response.map(|r| r.headers.to_pairs()).unwrap_or_default(),
         request,
         response,
         raw_response,
-        meta: ex.meta,
+        meta,
         model,
         usage: call.as_ref().and_then(|c| c.usage),
         facts: call.as_ref().map(CallFacts::of),

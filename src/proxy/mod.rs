@@ -628,6 +628,7 @@ fn exchange_meta(headers: &http::HeaderMap, path_session: Option<String>, path_a
             })
             .unwrap_or_default(),
         traceparent,
+        replay_of: None,
     }
 }
 

@@ -251,13 +251,13 @@ impl Redactor {
     }
 
     /// Headers as (name, value) pairs with secret values replaced. Our own `x-llmtap-*` headers are omitted
-    /// (they become trace metadata instead).
+    /// (they become trace metadata instead), except `x-llmtap-replay-of`, which the pipeline reads from here.
     pub fn redact_headers(&self, headers: &HeaderMap) -> HeaderList {
         let bytes = headers.iter().map(|(k, v)| k.as_str().len() + v.len()).sum();
         let mut out = HeaderList::with_capacity(headers.len(), bytes);
         for (header, value) in headers {
             let name = header.as_str();
-            if name.starts_with("x-llmtap-") {
+            if name.starts_with("x-llmtap-") && name != crate::model::exchange::REPLAY_OF_HEADER {
                 continue;
             }
             // `push_wire`: a `HeaderMap`'s names and values never hold a newline (nor its names a colon).

@@ -54,6 +54,10 @@ pub struct CallHead {
     pub cost: Option<CostBreakdown>,
 }
 
+/// `StoreReader::replays_of`'s query.
+const REPLAYS_OF: &str = "SELECT id, session_id FROM traces WHERE json_extract(metadata, '$.replay_of') = ?1
+                          ORDER BY started_us, id";
+
 /// `StoreReader::session_page`'s query and its parameters.
 fn session_page_sql(q: &SessionQuery) -> (String, Vec<SqlValue>) {
     // Conditions on one trajectory `m` of the session; a session is kept when one of them meets them all.
@@ -216,6 +220,14 @@ impl StoreReader {
     /// One call without bodies.
     pub fn call_head(&self, id: &str) -> Result<Option<CallHead>, StoreError> {
         Ok(self.heads_where("t.id = ?1", id)?.pop())
+    }
+
+    /// The calls that re-sent call `id` (their metadata's `replay_of`), oldest first, each with its session; by the
+    /// partial index `traces_replay_of` (schema v12).
+    pub fn replays_of(&self, id: &str) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(REPLAYS_OF)?;
+        let rows = stmt.query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// The calls that meet `condition` (on the traces row `t`, with `value` as `?1`).
@@ -598,6 +610,18 @@ mod tests {
                 "SCALAR SUBQUERY 1",
                 "SEARCH n USING INDEX sqlite_autoindex_trajectories_1 (trajectory_id=?)"
             ]
+        );
+    }
+
+    /// A call's replays are found by the partial index on their metadata's `replay_of`, not by a scan.
+    #[test]
+    fn replays_are_found_by_their_index() {
+        let (_dir, reader) = store(&rows()[..3]);
+        let plan = super::super::query_plan(&reader.conn, REPLAYS_OF, ["a-call"]).join("\n");
+        assert!(plan.contains("USING INDEX traces_replay_of"), "{plan}");
+        assert_eq!(
+            reader.replays_of("a-call").unwrap_or_else(|e| panic!("{e}")),
+            Vec::new()
         );
     }
 }

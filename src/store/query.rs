@@ -38,6 +38,8 @@ pub trait Query {
     fn previous_call(&self, trace: &ProviderTrace) -> Result<Option<ProviderTrace>, StoreError>;
     /// The agent step derived from a call.
     fn step_for_trace(&self, trace_id: &str) -> Result<Option<Step>, StoreError>;
+    /// The calls that re-sent call `id` (`ExchangeMeta::replay_of`), oldest first: (trace id, session id).
+    fn replays_of(&self, id: &str) -> Result<Vec<(String, Option<String>)>, StoreError>;
     /// Trajectories that match `filter`, oldest first, with system prompts and tool definitions.
     fn sessions(&self, filter: &TraceFilter) -> Result<Vec<SessionRow>, StoreError>;
     /// Each matching call, oldest first, bodies included, read in pages (`f` runs between them).
@@ -104,6 +106,9 @@ impl Query for StoreReader {
     }
     fn step_for_trace(&self, trace_id: &str) -> Result<Option<Step>, StoreError> {
         StoreReader::step_for_trace(self, trace_id)
+    }
+    fn replays_of(&self, id: &str) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        StoreReader::replays_of(self, id)
     }
     fn sessions(&self, filter: &TraceFilter) -> Result<Vec<SessionRow>, StoreError> {
         StoreReader::sessions(self, filter)

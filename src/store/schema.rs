@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 11;
+pub const VERSION: i64 = 12;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -265,6 +265,13 @@ CREATE TABLE IF NOT EXISTS ship_log (
 );
 "#;
 
+/// v12: a call's replays (`llmtap replay`, the viewer's Replay) found from the original: the few traces whose
+/// metadata names the call they re-sent, indexed by it (a partial index: every other trace costs nothing).
+const V12: &str = r#"
+CREATE INDEX IF NOT EXISTS traces_replay_of ON traces(json_extract(metadata, '$.replay_of'))
+    WHERE json_extract(metadata, '$.replay_of') IS NOT NULL;
+"#;
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -315,6 +322,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 11 {
         conn.execute_batch(V11)?;
+    }
+    if version < 12 {
+        conn.execute_batch(V12)?;
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;
@@ -410,7 +420,10 @@ mod tests {
                 ["trajectories_named_session", "trajectories_seq", "trajectories_started"]
             );
             assert_eq!(indexes_of(&conn, "steps"), ["steps_trace"]);
-            assert_eq!(indexes_of(&conn, "traces"), ["traces_started", "traces_trajectory_seq"]);
+            assert_eq!(
+                indexes_of(&conn, "traces"),
+                ["traces_replay_of", "traces_started", "traces_trajectory_seq"]
+            );
             let version: i64 = conn
                 .pragma_query_value(None, "user_version", |r| r.get(0))
                 .unwrap_or_else(|e| panic!("{e}"));

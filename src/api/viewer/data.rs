@@ -25,6 +25,8 @@ pub struct Context {
     pub upstreams: BTreeMap<String, String>,
     /// Decides which header names carry secrets (never rendered, not even redacted).
     pub redactor: Redactor,
+    /// Where replays are sent (this llmtap's proxy) when `[viewer] replay` is on; None: replay is off.
+    pub replay_proxy: Option<std::net::SocketAddr>,
 }
 
 /// One page of sessions (newest first), one row per session id, with totals over every trajectory of the

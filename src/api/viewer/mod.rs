@@ -7,6 +7,7 @@
 
 pub mod data;
 mod diff;
+mod replay;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -54,7 +55,14 @@ pub struct Viewer {
 }
 
 impl Viewer {
-    pub fn new(config: &crate::config::Config, store: Store, live: LiveTx, metrics: Arc<Metrics>) -> Viewer {
+    /// `proxy`: where this llmtap's proxy listens (replays go through it).
+    pub fn new(
+        config: &crate::config::Config,
+        proxy: std::net::SocketAddr,
+        store: Store,
+        live: LiveTx,
+        metrics: Arc<Metrics>,
+    ) -> Viewer {
         Viewer {
             store,
             live,
@@ -65,6 +73,7 @@ impl Viewer {
                     .map(|(k, u)| (k.clone(), u.url.to_string()))
                     .collect::<BTreeMap<_, _>>(),
                 redactor: crate::proxy::redact::Redactor::new(&config.capture.redact_headers),
+                replay_proxy: config.viewer.replay.then_some(proxy),
             }),
             event_slots: Arc::new(Semaphore::new(MAX_EVENT_STREAMS)),
             metrics,
@@ -89,6 +98,8 @@ impl Viewer {
             .route("/api/trajectories/{id}/steps", get(steps))
             .route("/api/calls/{id}", get(call))
             .route("/api/calls/{id}/diff", get(call_diff))
+            // The one route that changes anything: a replay (POST, `replay::post`).
+            .route("/api/calls/{id}/replay", get(replay_info).post(replay_post))
             .route("/api/compare", get(compare))
             .route("/api/export/{format}", get(export))
             .route(
@@ -260,6 +271,18 @@ async fn call(State(v): State<Arc<Viewer>>, Path(id): Path<String>) -> Response<
 async fn call_diff(State(v): State<Arc<Viewer>>, Path(id): Path<String>, RawQuery(q): RawQuery) -> Response<Body> {
     let against = query_params(q.as_deref()).remove("against").filter(|a| !a.is_empty());
     v.read(move |r, _| data::call_diff(r, &id, against.as_deref())).await
+}
+
+async fn replay_info(State(v): State<Arc<Viewer>>, Path(id): Path<String>) -> Response<Body> {
+    v.read(move |r, ctx| replay::info(r, ctx, &id)).await
+}
+
+async fn replay_post(
+    State(v): State<Arc<Viewer>>,
+    Path(id): Path<String>,
+    request: axum::extract::Request,
+) -> Response<Body> {
+    replay::post(v.store.clone(), v.ctx.clone(), v.live.clone(), id, request).await
 }
 
 async fn compare(State(v): State<Arc<Viewer>>, RawQuery(q): RawQuery) -> Response<Body> {

@@ -272,6 +272,7 @@ fn measure(dir: &std::path::Path) -> Result<(), llmtap::store::StoreError> {
     let ctx = data::Context {
         upstreams: [("openai".to_owned(), "https://api.openai.com".to_owned())].into(),
         redactor: llmtap::proxy::redact::Redactor::new(&[]),
+        replay_proxy: None,
     };
     let reader = StoreReader::open(dir)?;
     let last_call = reader.call_heads(BIG)?.last().map(|c| c.id.clone()).unwrap_or_default();

@@ -206,6 +206,8 @@ pub fn decode(buffer: &Bytes, at: usize) -> Result<(RawExchange, usize), RecordE
             agent: m.agent.map(str::to_owned),
             tags: m.tags.into_iter().map(str::to_owned).collect(),
             traceparent: m.traceparent.map(str::to_owned),
+            // Set by the pipeline from the request headers, which the record keeps.
+            replay_of: None,
         },
         charge: Default::default(),
     };
@@ -248,6 +250,7 @@ mod tests {
             agent: Some("coder".into()),
             tags: vec!["a".into(), "b".into()],
             traceparent: Some("00-abc-def-01".into()),
+            replay_of: None,
         };
         e
     }

@@ -296,6 +296,23 @@ impl Query for PgStore {
         })
     }
 
+    fn replays_of(&self, id: &str) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let display = self.display.clone();
+        let id = id.to_owned();
+        self.block(|c| async move {
+            // By the partial expression index `traces_replay_of` (schema v2).
+            let rows = c
+                .query(
+                    "SELECT id, session_key FROM traces WHERE (head::jsonb -> 'meta' ->> 'replay_of') = $1
+                     ORDER BY started_us, id",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| db_error(&display, e))?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+    }
+
     fn step_for_trace(&self, trace_id: &str) -> Result<Option<Step>, StoreError> {
         let display = self.display.clone();
         let trace_id = trace_id.to_owned();

@@ -3,7 +3,7 @@
 
 use super::{StoreError, db_error};
 
-pub const VERSION: i32 = 1;
+pub const VERSION: i32 = 2;
 
 /// An arbitrary constant naming llmtap's migration lock among the database's advisory locks.
 const MIGRATION_LOCK: i64 = 0x6c6c_6d74_6170;
@@ -60,7 +60,14 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE INDEX IF NOT EXISTS sessions_started ON sessions (started_us DESC, session_key DESC);
 "#;
 
-const MIGRATIONS: [&str; 1] = [V1];
+/// v2: a call's replays found from the original (`Query::replays_of`): the few traces whose head names the call
+/// they re-sent, by a partial index on it.
+const V2: &str = r#"
+CREATE INDEX IF NOT EXISTS traces_replay_of ON traces (((head::jsonb) -> 'meta' ->> 'replay_of'))
+    WHERE ((head::jsonb) -> 'meta' ->> 'replay_of') IS NOT NULL;
+"#;
+
+const MIGRATIONS: [&str; 2] = [V1, V2];
 
 pub(super) async fn migrate(client: &mut deadpool_postgres::Object, display: &str) -> Result<(), StoreError> {
     let err = |e| db_error(display, e);

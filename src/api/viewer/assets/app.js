@@ -362,6 +362,7 @@ async function callPage(id) {
       ['Usage', num(u.input) + ' in (cache read ' + num(u.cache_read ?? 0) + ', cache write ' + num(u.cache_write ?? 0) + ') / ' + num(u.output) + ' out' + (u.reasoning ? ' (reasoning ' + num(u.reasoning) + ')' : '')],
       ['Cost', h('span', { id: 'call-cost', title: c.cost && c.cost.unknown ? c.cost.unknown : '' }, callCost(c.cost))],
       ...(c.cost && !c.cost.unknown ? [['Cost split', 'input $' + c.cost.input + ' · cache read $' + c.cost.cache_read + ' · cache write $' + c.cost.cache_write + ' · output $' + c.cost.output + ' · reasoning $' + c.cost.reasoning]] : [])]),
+    h('div', { id: 'replay-box', class: 'replay' }),
     h('h2', {}, 'Changes since the previous call'), diffBox,
     r.system ? h('details', {}, h('summary', {}, 'system prompt'), h('pre', {}, typeof r.system === 'string' ? r.system : json(r.system))) : null,
     h('details', { id: 'tools' }, h('summary', {}, (r.tools || []).length + ' tool definitions'), h('pre', {}, json(r.tools))),
@@ -374,8 +375,71 @@ async function callPage(id) {
     h('h2', {}, 'Repeat it'), copy, h('details', {}, h('summary', {}, 'curl'), h('pre', { id: 'curl' }, c.curl)),
     c.exports ? h('div', { class: 'exports' }, h('span', { class: 'muted' }, 'Export the session: '),
       c.exports.map((e) => h('a', { href: e.url, download: '' }, e.format))) : null);
+  await replayBox(c.id, document.getElementById('replay-box'));
   main.dataset.ready = '1';
   onLive = null;
+}
+
+// --- replay: the call this one replayed, its replays, and (with [viewer] replay on) a form re-sending it,
+// edited, through llmtap with a key typed here. The key goes into the one POST and is cleared from the field. ---
+async function replayBox(callId, box) {
+  const r = await get('api/calls/' + enc(callId) + '/replay');
+  const link = (x) => h('a', { href: '#/c/' + enc(x.id), class: 'replay-link', 'data-id': x.id },
+    shortId(x.id) + ' (' + [x.model, x.status].filter((v) => v !== null && v !== undefined).join(', ') + ')');
+  const list = h('span', { id: 'replays' }, r.replays.map(link));
+  const parts = [
+    r.replay_of ? h('p', { id: 'replay-of' }, 'Replay of ', h('a', { href: '#/c/' + enc(r.replay_of) }, r.replay_of)) : null,
+    h('p', { class: r.replays.length ? '' : 'muted' }, 'Replays: ', r.replays.length ? list : 'none'),
+  ];
+  if (!r.enabled || r.refusal) {
+    parts.push(h('p', { class: 'muted' }, r.refusal ? 'Cannot replay: ' + r.refusal
+      : 'Replay is off (set [viewer] replay = true in llmtap\'s config, or run `llmtap replay ' + callId + '`).'));
+    box.replaceChildren(...parts.filter(Boolean));
+    return;
+  }
+  const bodyText = r.body === null ? '' : typeof r.body === 'string' ? r.body : json(r.body);
+  const model = h('input', { id: 'replay-model', value: r.model || '', size: 40 });
+  const key = h('input', { id: 'replay-key', type: 'password', autocomplete: 'off', size: 40,
+    placeholder: (r.key_needed ? 'key, sent as ' : 'key if any, sent as ') + r.key_header });
+  const body = h('textarea', { id: 'replay-body', rows: 14, spellcheck: 'false' });
+  body.value = bodyText;
+  const result = h('div', { id: 'replay-result' });
+  const send = h('button', { id: 'replay-send', onclick: async () => {
+    const posted = {};
+    if (model.value !== (r.model || '')) posted.model = model.value;
+    if (body.value !== bodyText) {
+      try { posted.body = JSON.parse(body.value); } catch (e) { result.replaceChildren(h('span', { class: 'err' }, 'The body is not JSON: ' + e.message)); return; }
+    }
+    // The key leaves the field as it is sent.
+    posted.key = key.value;
+    key.value = '';
+    send.disabled = true;
+    result.replaceChildren(h('span', { class: 'muted' }, 'Sending…'));
+    try {
+      const resp = await fetch('api/calls/' + enc(callId) + '/replay', { method: 'POST', credentials: 'same-origin',
+        headers: { 'content-type': 'application/json' }, body: JSON.stringify(posted) });
+      const out = await resp.json();
+      if (!resp.ok) result.replaceChildren(h('span', { class: 'err' }, out.error || String(resp.status)));
+      else if (!out.id) result.replaceChildren(h('span', {}, 'Sent (status ' + out.status + '); its capture is not stored yet, session ' + out.session));
+      else {
+        const a = link({ id: out.id, status: out.status });
+        a.id = 'replay-new';
+        result.replaceChildren('Replayed: ', a);
+        if (!r.replays.length) parts[1].replaceChildren('Replays: ', list);
+        parts[1].className = '';
+        list.append(link({ id: out.id, status: out.status }));
+      }
+    } catch (e) {
+      result.replaceChildren(h('span', { class: 'err' }, String(e)));
+    } finally {
+      send.disabled = false;
+    }
+  } }, 'Replay');
+  parts.push(h('details', { id: 'replay-form' }, h('summary', {}, 'Replay this call, edited'),
+    h('div', { class: 'grid' }, h('span', { class: 'muted' }, 'Model'), model, h('span', { class: 'muted' }, 'Key'), key),
+    h('p', { class: 'muted' }, 'The request body (edit it as JSON). The key is sent once with this replay and never stored.'),
+    body, h('p', {}, send), result));
+  box.replaceChildren(...parts.filter(Boolean));
 }
 
 // What changed in a call's request against another (the previous call of its trajectory unless `against`):
