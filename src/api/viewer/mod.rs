@@ -11,6 +11,8 @@
 //! Without a token, only requests whose Host is a loopback name are answered (a DNS-rebinding page cannot read
 //! the store).
 
+mod annotations;
+mod dashboard;
 pub mod data;
 mod diff;
 
@@ -129,7 +131,7 @@ impl Viewer {
         } else {
             match self.authorize(&req) {
                 Err((status, message)) => text(status, message),
-                Ok(Access::Granted) => self.route(&req).await,
+                Ok(Access::Granted) => self.route(req).await,
                 Ok(Access::TokenInUrl(cookie)) => {
                     // Back to the page without the token in its URL (history, logs); relative, so a viewer
                     // behind a path prefix stays under it. The fragment (the page's route) is kept by the browser.
@@ -200,14 +202,29 @@ impl Viewer {
         Err(UNAUTHORIZED)
     }
 
-    async fn route(&self, req: &Request<Incoming>) -> Response<Body> {
-        if req.method() != Method::GET {
-            return text(StatusCode::METHOD_NOT_ALLOWED, "GET only");
-        }
-        let path = req.uri().path();
+    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
         let q = query_params(req.uri().query());
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        // Annotations are the only writes.
+        let write = matches!(
+            (&method, segments.as_slice()),
+            (&Method::POST, ["api", "annotations"]) | (&Method::DELETE, ["api", "annotations", _])
+        );
+        if method != Method::GET && !write {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "GET only (POST and DELETE on api/annotations)");
+        }
         match segments.as_slice() {
+            ["api", "annotations"] if write => self.post_annotation(req).await,
+            ["api", "annotations", id] if write => {
+                let id = decode(id);
+                self.write(move |store| annotations::delete(store, &id)).await
+            }
+            ["api", "costs"] => match dashboard::cost_query(&q, chrono::Utc::now().timestamp_micros()) {
+                Ok(range) => self.read(move |r, _| dashboard::costs(r, &range).map(Some)).await,
+                Err(message) => json_response(StatusCode::BAD_REQUEST, &json!({ "error": message })),
+            },
             [""] => asset("text/html; charset=utf-8", INDEX_HTML),
             ["assets", "app.js"] => asset("text/javascript; charset=utf-8", APP_JS),
             ["assets", "app.css"] => asset("text/css; charset=utf-8", APP_CSS),
@@ -265,6 +282,47 @@ impl Viewer {
                 self.errors.success();
                 json_response(StatusCode::OK, &v)
             }
+            Ok(Ok(None)) => json_response(StatusCode::NOT_FOUND, &json!({"error": "not found"})),
+            Ok(Err(e)) => self.failed(&e.to_string()),
+            Err(e) => self.failed(&e.to_string()),
+        }
+    }
+
+    /// `POST api/annotations`: JSON only (module docs of `annotations`), bounded, checked, then kept.
+    async fn post_annotation(&self, req: Request<Incoming>) -> Response<Body> {
+        let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+        if !annotations::is_json(content_type) {
+            return json_response(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                &json!({"error": "an annotation is sent as Content-Type: application/json"}),
+            );
+        }
+        let body = match http_body_util::Limited::new(req.into_body(), annotations::MAX_BODY)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return json_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &json!({"error": format!("an annotation is at most {} bytes", annotations::MAX_BODY)}),
+                );
+            }
+        };
+        match annotations::parse(&body) {
+            Ok(new) => self.write(move |store| annotations::add(store, &new)).await,
+            Err(message) => json_response(StatusCode::BAD_REQUEST, &json!({ "error": message })),
+        }
+    }
+
+    /// Run a store write on the blocking pool; None → 404.
+    async fn write(
+        &self,
+        f: impl FnOnce(&Store) -> Result<Option<Value>, crate::store::StoreError> + Send + 'static,
+    ) -> Response<Body> {
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || f(&store)).await {
+            Ok(Ok(Some(v))) => json_response(StatusCode::OK, &v),
             Ok(Ok(None)) => json_response(StatusCode::NOT_FOUND, &json!({"error": "not found"})),
             Ok(Err(e)) => self.failed(&e.to_string()),
             Err(e) => self.failed(&e.to_string()),
@@ -443,6 +501,7 @@ fn session_query(q: &BTreeMap<String, String>) -> SessionQuery {
         since_us: time("since"),
         until_us: time("until"),
         text: text("q"),
+        label: text("label"),
         before: q.get("before").and_then(|b| {
             let (t, id) = b.split_once(':')?;
             Some((t.parse().ok()?, id.to_owned()))

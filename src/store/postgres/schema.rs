@@ -3,7 +3,7 @@
 
 use super::{StoreError, db_error};
 
-pub const VERSION: i32 = 1;
+pub const VERSION: i32 = 2;
 
 /// An arbitrary constant naming llmtap's migration lock among the database's advisory locks.
 const MIGRATION_LOCK: i64 = 0x6c6c_6d74_6170;
@@ -60,7 +60,26 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE INDEX IF NOT EXISTS sessions_started ON sessions (started_us DESC, session_key DESC);
 "#;
 
-const MIGRATIONS: [&str; 1] = [V1];
+/// v2: annotations made in a viewer reading this store (`model::annotation`; SQLite's v12 has the same table).
+/// The viewer writes them here, not in a replica's spool: every viewer of the team reads this store.
+const V2: &str = r#"
+CREATE TABLE IF NOT EXISTS annotations (
+    id            text PRIMARY KEY,
+    target        text NOT NULL,
+    target_id     text NOT NULL,
+    session_key   text NOT NULL,
+    trajectory_id text,
+    note          text,
+    label         text,
+    score         double precision,
+    created_us    bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS annotations_session ON annotations (session_key);
+CREATE INDEX IF NOT EXISTS annotations_trajectory ON annotations (trajectory_id) WHERE trajectory_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS annotations_label ON annotations (label) WHERE label IS NOT NULL;
+"#;
+
+const MIGRATIONS: [&str; 2] = [V1, V2];
 
 pub(super) async fn migrate(client: &mut deadpool_postgres::Object, display: &str) -> Result<(), StoreError> {
     let err = |e| db_error(display, e);
