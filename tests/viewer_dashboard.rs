@@ -40,7 +40,18 @@ async fn raw_post(client: &Client, base: &str, body: Vec<u8>, headers: &[(&str, 
     (r.status, v)
 }
 
-/// Replay every recorded agent session (the one the tests annotate first); returns the provider traces.
+/// Recorded calls that read from the prompt cache (the agent sessions do not), so that the cost report has
+/// cache savings to compute.
+const CACHED: [&str; 5] = [
+    "anthropic_messages/pydantic-ai__prompt_cache/00",
+    "anthropic_messages/pydantic-ai__prompt_cache/01",
+    "anthropic_messages/dd-trace-py__stream_cache_read",
+    "openai_chat/openllmetry__prompt_caching/01",
+    "openai_responses/pydantic-ai__reasoning_with_tool_calls/01",
+];
+
+/// Replay every recorded agent session (the one the tests annotate first) and the calls that read from the
+/// cache; returns the provider traces.
 async fn replay_all(tap: &Llmtap) -> Vec<Value> {
     let client = client();
     let mut n = 0;
@@ -51,6 +62,11 @@ async fn replay_all(tap: &Llmtap) -> Vec<Value> {
             assert_eq!(send_fixture(&client, tap, &f, &[]).await.status, f.status, "{}", f.name);
             n += 1;
         }
+    }
+    for name in CACHED {
+        let f = fixture(name);
+        assert_eq!(send_fixture(&client, tap, &f, &[]).await.status, f.status, "{}", f.name);
+        n += 1;
     }
     let traces = tap.wait_for_traces(n);
     assert_eq!(traces.len(), n);
@@ -238,6 +254,10 @@ async fn chromium_annotates_a_step_filters_by_its_label_and_the_cost_page_adds_u
     // The cost page: its totals are the calls' costs as the JSON API reports them one by one.
     let expected = expected_from_calls(&client, &base, &traces).await;
     assert!(expected.priced > 0 && expected.cost > Decimal::ZERO, "{expected:?}");
+    assert!(
+        expected.calls_with_savings >= 3 && expected.savings > Decimal::ZERO,
+        "{expected:?}"
+    );
     let costs = get_json(
         &client,
         &format!("{base}/api/costs?since={since}&until={until}"),

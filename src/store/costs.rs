@@ -305,3 +305,29 @@ impl StoreReader {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn savings_price_cache_reads_at_the_calls_own_uncached_input_price() {
+        let d = |s: &str| Decimal::from_str(s).unwrap_or_else(|e| panic!("{e}"));
+        // 100 uncached tokens cost $0.0003 ($3/M): 800 cache reads would have cost $0.0024; they cost $0.00024.
+        assert_eq!(
+            call_savings(1_000, 800, 100, d("0.0003"), d("0.00024")),
+            Some(d("0.00216"))
+        );
+        // A cache read priced as input saved nothing.
+        assert_eq!(call_savings(10, 5, 0, d("0.00005"), d("0.00005")), Some(d("0")));
+        // Nothing read from the cache, no uncached token to take a price from, inconsistent usage: unknown.
+        assert_eq!(call_savings(1_000, 0, 0, d("0.003"), d("0")), None);
+        assert_eq!(call_savings(900, 800, 100, d("0"), d("0.00024")), None);
+        assert_eq!(call_savings(10, 800, 100, d("0"), d("0.00024")), None);
+        // Rounded to 12 decimals, half away from zero: 1 × $0.000000000001 / 3 tokens.
+        assert_eq!(
+            call_savings(4, 1, 0, d("0.0000000000015"), d("0")),
+            Some(d("0.000000000001"))
+        );
+    }
+}
