@@ -175,10 +175,7 @@ fn sum_of(groups: &Value) -> Expected {
 fn whole_range() -> (String, String) {
     let today = chrono::Utc::now().date_naive();
     let day = |d: chrono::NaiveDate| d.format("%Y-%m-%d").to_string();
-    (
-        day(today.pred_opt().unwrap()),
-        day(today.succ_opt().unwrap()),
-    )
+    (day(today.pred_opt().unwrap()), day(today.succ_opt().unwrap()))
 }
 
 fn browser_dir() -> PathBuf {
@@ -258,11 +255,7 @@ async fn chromium_annotates_a_step_filters_by_its_label_and_the_cost_page_adds_u
         expected.calls_with_savings >= 3 && expected.savings > Decimal::ZERO,
         "{expected:?}"
     );
-    let costs = get_json(
-        &client,
-        &format!("{base}/api/costs?since={since}&until={until}"),
-    )
-    .await;
+    let costs = get_json(&client, &format!("{base}/api/costs?since={since}&until={until}")).await;
     let mut got = reported(&costs["totals"]);
     got.calls_with_savings = expected.calls_with_savings;
     assert_eq!(got, expected, "{costs:#}");
@@ -398,8 +391,14 @@ async fn annotation_writes_are_json_only_bounded_checked_and_refused_from_anothe
         (json!({"target": "step", "id": step, "score": "1"}), 400),
         (json!({"target": "step", "id": step, "label": long}), 400),
         (json!({"target": "step", "id": step, "label": "a\u{7}b"}), 400),
-        (json!({"target": "step", "id": step, "note": "n", "html": "<script>"}), 400),
-        (json!({"target": "step", "id": format!("{trajectory}/999"), "note": "n"}), 404),
+        (
+            json!({"target": "step", "id": step, "note": "n", "html": "<script>"}),
+            400,
+        ),
+        (
+            json!({"target": "step", "id": format!("{trajectory}/999"), "note": "n"}),
+            404,
+        ),
         (json!({"target": "trajectory", "id": "tr_nothing", "note": "n"}), 404),
         (json!({"target": "step", "id": step, "note": huge_note}), 413),
     ] {
@@ -421,20 +420,36 @@ async fn annotation_writes_are_json_only_bounded_checked_and_refused_from_anothe
         ("POST", "/api/sessions"),
         ("DELETE", "/api/sessions"),
     ] {
-        let r = send(&client, method, &format!("{base}{path}"), &[("content-type", "application/json")], vec![]).await;
+        let r = send(
+            &client,
+            method,
+            &format!("{base}{path}"),
+            &[("content-type", "application/json")],
+            vec![],
+        )
+        .await;
         assert_eq!(r.status, 405, "{method} {path}");
     }
     // Nothing refused was stored.
     let steps = get_json(&client, &format!("{base}/api/trajectories/{trajectory}/steps")).await;
-    let none: Vec<&Value> = steps["steps"].as_array().unwrap().iter().flat_map(|s| s["annotations"].as_array().unwrap()).collect();
+    let none: Vec<&Value> = steps["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["annotations"].as_array().unwrap())
+        .collect();
     assert!(none.is_empty(), "{none:?}");
 
     // Accepted from the page (same origin), on the step, its trajectory and its session.
     let own = [("sec-fetch-site", "same-origin"), ("origin", base.as_str())];
     let (status, a) = post(&client, &base, &good, &own).await;
     assert_eq!(status, 200, "{a}");
-    assert_eq!((a["target"].clone(), a["target_id"].clone()), (json!("step"), json!(step)));
-    let scored = json!({"target": "trajectory", "id": trajectory, "score": 0.75, "note": "mostly right", "label": "reviewed"});
+    assert_eq!(
+        (a["target"].clone(), a["target_id"].clone()),
+        (json!("step"), json!(step))
+    );
+    let scored =
+        json!({"target": "trajectory", "id": trajectory, "score": 0.75, "note": "mostly right", "label": "reviewed"});
     assert_eq!(post(&client, &base, &scored, &own).await.0, 200);
     let on_session = json!({"target": "session", "id": trajectory, "label": "batch-1"});
     let (status, s) = post(&client, &base, &on_session, &[]).await;
@@ -471,7 +486,10 @@ async fn annotation_writes_are_json_only_bounded_checked_and_refused_from_anothe
         ("session".to_owned(), s["id"].as_str().unwrap().to_owned()),
         ("step".to_owned(), again["id"].as_str().unwrap().to_owned()),
     ];
-    want.push(("trajectory".into(), kinds.iter().find(|k| k.0 == "trajectory").unwrap().1.clone()));
+    want.push((
+        "trajectory".into(),
+        kinds.iter().find(|k| k.0 == "trajectory").unwrap().1.clone(),
+    ));
     want.sort();
     assert_eq!(kinds, want);
     let steps = get_json(&client, &format!("{base}/api/trajectories/{trajectory}/steps")).await;
@@ -486,7 +504,12 @@ async fn annotation_writes_are_json_only_bounded_checked_and_refused_from_anothe
     assert_eq!(on_step[0]["annotations"][0]["note"], "fine");
     for label in ["ok", "reviewed", "batch-1"] {
         let listed = get_json(&client, &format!("{base}/api/sessions?label={label}")).await;
-        let ids: Vec<&Value> = listed["sessions"].as_array().unwrap().iter().map(|s| &s["id"]).collect();
+        let ids: Vec<&Value> = listed["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| &s["id"])
+            .collect();
         assert_eq!(ids, [&json!(session)], "{label}");
     }
     let none = get_json(&client, &format!("{base}/api/sessions?label=nobody")).await;
@@ -494,7 +517,11 @@ async fn annotation_writes_are_json_only_bounded_checked_and_refused_from_anothe
 
     // The exports with a place for them: opentraces (metadata, and the trajectory's score as its outcome) and
     // ATIF (extra).
-    let record = tap.export("opentraces", &[]).into_iter().find(|r| r["metadata"]["trajectory_id"] == trajectory.as_str()).unwrap();
+    let record = tap
+        .export("opentraces", &[])
+        .into_iter()
+        .find(|r| r["metadata"]["trajectory_id"] == trajectory.as_str())
+        .unwrap();
     let labels: BTreeSet<&str> = record["metadata"]["annotations"]
         .as_array()
         .unwrap()
@@ -507,7 +534,11 @@ async fn annotation_writes_are_json_only_bounded_checked_and_refused_from_anothe
         json!({"signal_source": "human", "signal_confidence": "annotated", "reward": 0.75,
                "reward_source": "human_annotation", "description": "mostly right"})
     );
-    let atif = tap.export("atif", &[]).into_iter().find(|r| r["trajectory_id"] == trajectory.as_str()).unwrap();
+    let atif = tap
+        .export("atif", &[])
+        .into_iter()
+        .find(|r| r["trajectory_id"] == trajectory.as_str())
+        .unwrap();
     assert_eq!(atif["extra"]["annotations"].as_array().unwrap().len(), 3);
 }
 
@@ -576,10 +607,7 @@ async fn annotations_and_the_cost_report_answer_the_same_from_postgresql() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(answers[0], answers[1], "the cost report from PostgreSQL");
-    assert_eq!(
-        answers[0]["totals"]["calls"].as_u64().unwrap() as usize,
-        traces.len()
-    );
+    assert_eq!(answers[0]["totals"]["calls"].as_u64().unwrap() as usize, traces.len());
     assert!(answers[0]["top_sessions"].as_array().unwrap().len() >= 2);
 
     // The same annotations made through each viewer: written to its own store, answered alike.

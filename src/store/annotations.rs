@@ -74,9 +74,9 @@ impl StoreReader {
         for (column, ids) in [("session_key", sessions), ("trajectory_id", trajectories)] {
             for chunk in ids.chunks(IN_CHUNK) {
                 let marks = vec!["?"; chunk.len()].join(", ");
-                let mut stmt = self
-                    .conn
-                    .prepare_cached(&format!("SELECT {COLUMNS} FROM annotations WHERE {column} IN ({marks})"))?;
+                let mut stmt = self.conn.prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM annotations WHERE {column} IN ({marks})"
+                ))?;
                 let params = chunk.iter().map(|s| SqlValue::Text(s.clone()));
                 let mut rows = stmt.query(params_from_iter(params))?;
                 while let Some(r) = rows.next()? {

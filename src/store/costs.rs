@@ -103,7 +103,13 @@ impl RawTotals {
         let n = |i: usize| u64::try_from(self.ints[i]).unwrap_or(0);
         let priced = n(1);
         // With a priced call every sum is known (a sum over no cache read is 0).
-        let known = |d: Option<Decimal>| if priced > 0 { Some(d.unwrap_or_default().normalize()) } else { None };
+        let known = |d: Option<Decimal>| {
+            if priced > 0 {
+                Some(d.unwrap_or_default().normalize())
+            } else {
+                None
+            }
+        };
         Ok(CostTotals {
             calls: n(0),
             priced_calls: priced,
@@ -233,12 +239,7 @@ pub(super) fn day_key(day: i64) -> Option<String> {
 
 /// Order groups most expensive first (unknown cost last), then by key.
 pub(super) fn by_cost(groups: &mut [CostGroup]) {
-    groups.sort_by(|a, b| {
-        b.totals
-            .cost
-            .cmp(&a.totals.cost)
-            .then_with(|| a.key.cmp(&b.key))
-    });
+    groups.sort_by(|a, b| b.totals.cost.cmp(&a.totals.cost).then_with(|| a.key.cmp(&b.key)));
 }
 
 impl StoreReader {

@@ -57,7 +57,9 @@ pub fn parse(body: &[u8]) -> Result<NewAnnotation, String> {
     let target = AnnotationTarget::parse(&p.target)
         .ok_or_else(|| format!("target must be session, trajectory or step, not {:?}", p.target))?;
     if p.id.is_empty() || p.id.chars().count() > MAX_ID || p.id.chars().any(char::is_control) {
-        return Err(format!("id must be 1 to {MAX_ID} characters without control characters"));
+        return Err(format!(
+            "id must be 1 to {MAX_ID} characters without control characters"
+        ));
     }
     let note = p.note.map(|n| n.trim().to_owned()).filter(|n| !n.is_empty());
     if note.as_ref().is_some_and(|n| n.chars().count() > MAX_NOTE) {
@@ -149,9 +151,7 @@ pub fn add(store: &Store, new: &NewAnnotation) -> Result<Option<Value>, StoreErr
 
 /// Remove annotation `id` (blocking). None: there was none.
 pub fn delete(store: &Store, id: &str) -> Result<Option<Value>, StoreError> {
-    Ok(store
-        .delete_annotation(id)?
-        .then(|| json!({ "deleted": id })))
+    Ok(store.delete_annotation(id)?.then(|| json!({ "deleted": id })))
 }
 
 #[cfg(test)]
@@ -164,8 +164,14 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(ok.note.as_deref(), Some("looks wrong"));
         assert_eq!(ok.score, Some(-1.5));
-        let long_label = format!(r#"{{"target":"step","id":"a/1","label":"{}"}}"#, "x".repeat(MAX_LABEL + 1));
-        let long_note = format!(r#"{{"target":"step","id":"a/1","note":"{}"}}"#, "é".repeat(MAX_NOTE + 1));
+        let long_label = format!(
+            r#"{{"target":"step","id":"a/1","label":"{}"}}"#,
+            "x".repeat(MAX_LABEL + 1)
+        );
+        let long_note = format!(
+            r#"{{"target":"step","id":"a/1","note":"{}"}}"#,
+            "é".repeat(MAX_NOTE + 1)
+        );
         for bad in [
             r#"{"target":"call","id":"x","note":"n"}"#,
             r#"{"target":"step","id":"","note":"n"}"#,

@@ -24,7 +24,9 @@ const MAX_OFFSET_MINUTES: i64 = 14 * 60;
 /// message for a 400.
 pub fn cost_query(q: &BTreeMap<String, String>, now_us: i64) -> Result<CostQuery, String> {
     let offset_min: i64 = match q.get("tz").filter(|v| !v.is_empty()) {
-        Some(v) => v.parse().map_err(|_| format!("tz must be minutes east of UTC, not {v:?}"))?,
+        Some(v) => v
+            .parse()
+            .map_err(|_| format!("tz must be minutes east of UTC, not {v:?}"))?,
         None => 0,
     };
     if offset_min.abs() > MAX_OFFSET_MINUTES {
@@ -50,7 +52,9 @@ pub fn cost_query(q: &BTreeMap<String, String>, now_us: i64) -> Result<CostQuery
         return Err("since must be before until".into());
     }
     let top = match q.get("top").filter(|v| !v.is_empty()) {
-        Some(v) => v.parse::<u32>().map_err(|_| format!("top must be a count, not {v:?}"))?,
+        Some(v) => v
+            .parse::<u32>()
+            .map_err(|_| format!("top must be a count, not {v:?}"))?,
         None => TOP,
     };
     Ok(CostQuery {
@@ -136,8 +140,11 @@ mod tests {
     #[test]
     fn a_range_of_local_days_covers_both_whole_days() {
         let now = 1_800_000_000_000_000;
-        let r = cost_query(&q(&[("since", "2026-11-01"), ("until", "2026-11-02"), ("tz", "60")]), now)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let r = cost_query(
+            &q(&[("since", "2026-11-01"), ("until", "2026-11-02"), ("tz", "60")]),
+            now,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         // 2026-11-01T00:00+01:00 to 2026-11-03T00:00+01:00.
         assert_eq!(r.since_us, 1_793_487_600_000_000);
         assert_eq!(r.until_us - r.since_us, 2 * 86_400 * 1_000_000);

@@ -126,8 +126,7 @@ fn annotations_in(notes: &[Annotation], session: &str, trajectories: &[&Trajecto
             .iter()
             .filter(|a| {
                 a.session_id == session
-                    || a
-                        .trajectory_id
+                    || a.trajectory_id
                         .as_deref()
                         .is_some_and(|t| trajectories.iter().any(|x| x.trajectory_id == t))
             })

@@ -213,7 +213,10 @@ impl Viewer {
             (&Method::POST, ["api", "annotations"]) | (&Method::DELETE, ["api", "annotations", _])
         );
         if method != Method::GET && !write {
-            return text(StatusCode::METHOD_NOT_ALLOWED, "GET only (POST and DELETE on api/annotations)");
+            return text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "GET only (POST and DELETE on api/annotations)",
+            );
         }
         match segments.as_slice() {
             ["api", "annotations"] if write => self.post_annotation(req).await,
