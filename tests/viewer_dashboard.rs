@@ -50,6 +50,9 @@ const CACHED: [&str; 5] = [
     "openai_responses/pydantic-ai__reasoning_with_tool_calls/01",
 ];
 
+/// The agent the cache-reading calls are sent as.
+const CACHE_AGENT: &str = "cache-reader";
+
 /// Replay every recorded agent session (the one the tests annotate first) and the calls that read from the
 /// cache; returns the provider traces.
 async fn replay_all(tap: &Llmtap) -> Vec<Value> {
@@ -63,9 +66,16 @@ async fn replay_all(tap: &Llmtap) -> Vec<Value> {
             n += 1;
         }
     }
+    // Under an agent name of their own: the report's agent groups are then two.
     for name in CACHED {
         let f = fixture(name);
-        assert_eq!(send_fixture(&client, tap, &f, &[]).await.status, f.status, "{}", f.name);
+        let agent = [("x-llmtap-agent", CACHE_AGENT)];
+        assert_eq!(
+            send_fixture(&client, tap, &f, &agent).await.status,
+            f.status,
+            "{}",
+            f.name
+        );
         n += 1;
     }
     let traces = tap.wait_for_traces(n);
@@ -322,6 +332,16 @@ async fn chromium_annotates_a_step_filters_by_its_label_and_the_cost_page_adds_u
     };
     assert_eq!(c["models"], json!(keys(&costs["by_model"], "model")));
     assert_eq!(c["agents"], json!(keys(&costs["by_agent"], "agent")));
+    let cache_agent = costs["by_agent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["agent"] == CACHE_AGENT)
+        .unwrap();
+    assert_eq!(cache_agent["totals"]["calls"], CACHED.len());
+    assert_eq!(dec(&cache_agent["totals"]["cache_savings_usd"]), expected.savings);
+    // The bars are drawn to scale: the spend bar of the busiest day fills the chart's height.
+    assert!(c["spend_bar_height"].as_f64().unwrap() > 100.0, "{c:#}");
     let links: Vec<String> = costs["top_sessions"]
         .as_array()
         .unwrap()

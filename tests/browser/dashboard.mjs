@@ -75,9 +75,11 @@ try {
     total: document.getElementById('cost-total').textContent,
     calls: document.getElementById('cost-calls').textContent,
     savings: document.getElementById('cost-savings').textContent,
-    spend_bars: [...document.querySelectorAll('#chart-spend rect.bar')].map((r) => ({
+    spend_bars: [...document.querySelectorAll('#chart-spend rect.cbar')].map((r) => ({
       day: r.dataset.day, title: r.querySelector('title').textContent })),
-    token_bars: document.querySelectorAll('#chart-tokens rect.bar').length,
+    token_bars: document.querySelectorAll('#chart-tokens rect.cbar').length,
+    // Rendered height, in the chart's own units (CSS could override the attribute).
+    spend_bar_height: Math.max(0, ...[...document.querySelectorAll('#chart-spend rect.cbar')].map((r) => r.getBBox().height)),
     models: [...document.querySelectorAll('#costs-by-model tbody tr')].map((r) => r.dataset.key),
     agents: [...document.querySelectorAll('#costs-by-agent tbody tr')].map((r) => r.dataset.key),
     top_links: [...document.querySelectorAll('#top-sessions tbody a')].map((a) => a.getAttribute('href')),

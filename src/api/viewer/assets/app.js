@@ -530,7 +530,7 @@ function dayChart(id, days, byDay, series, label) {
       if (!(v > 0)) continue;
       const hgt = Math.max(scale(v), 1);
       y -= hgt;
-      chart.append(svg('rect', { class: 'bar ' + cls, x, y, width: slot * 0.7, height: hgt, 'data-day': d },
+      chart.append(svg('rect', { class: 'cbar ' + cls, x, y, width: slot * 0.7, height: hgt, 'data-day': d },
         svg('title', {}, d + ' · ' + name + ': ' + label(v))));
     }
     if (days.length <= 31 || i % Math.ceil(days.length / 31) === 0) {
