@@ -214,7 +214,7 @@ const AGGREGATES: &str = "count(*),
         count(*) FILTER (WHERE has_usage AND cost IS NULL),
         COALESCE(sum(input), 0), COALESCE(sum(output), 0), COALESCE(sum(cache_read), 0), COALESCE(sum(cache_write), 0),
         dec_sum(cost), dec_sum(cost_cache_read),
-        dec_sum(dec_savings(input, cache_read, cache_write, cost_input, cost_cache_read)),
+        dec_sum(savings),
         count(*) FILTER (WHERE cost IS NOT NULL AND cache_read > 0 AND input - cache_read - cache_write <= 0),
         COALESCE(min(started_us), 0)";
 
@@ -243,67 +243,52 @@ pub(super) fn by_cost(groups: &mut [CostGroup]) {
 }
 
 impl StoreReader {
-    /// See [`Query::cost_report`](super::Query::cost_report).
+    /// See [`Query::cost_report`](super::Query::cost_report). One statement: the range's calls are read once
+    /// (a materialized CTE, each call's savings computed there) and grouped five ways, each group's rows tagged
+    /// with its grouping (0 total, 1 day, 2 model, 3 agent, 4 session).
     pub fn cost_report(&self, q: &CostQuery) -> Result<CostReport, StoreError> {
-        let group = |key: &str, extra: &str| -> Result<Vec<(rusqlite::types::Value, RawTotals)>, StoreError> {
-            let sql = format!("WITH c AS ({CALLS}) SELECT {key}, {AGGREGATES} FROM c {extra}");
-            let mut stmt = self.conn.prepare_cached(&sql)?;
-            let mut params = vec![q.since_us, q.until_us, q.utc_offset_s];
-            if extra.contains("?4") {
-                params.push(i64::from(q.top));
+        let sql = format!(
+            "WITH c AS MATERIALIZED (SELECT *, dec_savings(input, cache_read, cache_write, cost_input, cost_cache_read)
+                 AS savings FROM ({CALLS}))
+             SELECT 0, NULL, {AGGREGATES} FROM c
+             UNION ALL SELECT 1, day, {AGGREGATES} FROM c GROUP BY day
+             UNION ALL SELECT 2, model, {AGGREGATES} FROM c GROUP BY model
+             UNION ALL SELECT 3, agent, {AGGREGATES} FROM c GROUP BY agent
+             UNION ALL SELECT * FROM (SELECT 4, session, {AGGREGATES} FROM c WHERE session IS NOT NULL
+                 GROUP BY session ORDER BY CAST(dec_sum(cost) AS REAL) DESC NULLS LAST, session LIMIT ?4)"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let params = rusqlite::params![q.since_us, q.until_us, q.utc_offset_s, i64::from(q.top)];
+        let mut rows = stmt.query(params)?;
+        let mut report = CostReport::default();
+        while let Some(r) = rows.next()? {
+            let kind: i64 = r.get(0)?;
+            let key: rusqlite::types::Value = r.get(1)?;
+            let raw = raw_from_sqlite(r, 2)?;
+            let key = match key {
+                rusqlite::types::Value::Integer(d) if kind == 1 => day_key(d),
+                rusqlite::types::Value::Text(t) if !t.is_empty() => Some(t),
+                _ => None,
+            };
+            let group = CostGroup {
+                key,
+                first_us: raw.first_us,
+                totals: raw.totals()?,
+            };
+            match kind {
+                0 => report.totals = group.totals,
+                1 => report.by_day.push(group),
+                2 => report.by_model.push(group),
+                3 => report.by_agent.push(group),
+                _ => report.top_sessions.push(group),
             }
-            let rows = stmt.query_map(rusqlite::params_from_iter(params), |r| {
-                Ok((r.get(0)?, raw_from_sqlite(r, 1)?))
-            })?;
-            Ok(rows.collect::<Result<_, _>>()?)
-        };
-        let text = |v: &rusqlite::types::Value| match v {
-            rusqlite::types::Value::Text(t) if !t.is_empty() => Some(t.clone()),
-            _ => None,
-        };
-        let groups = |rows: Vec<(rusqlite::types::Value, RawTotals)>,
-                      key: &dyn Fn(&rusqlite::types::Value) -> Option<String>|
-         -> Result<Vec<CostGroup>, StoreError> {
-            rows.iter()
-                .map(|(k, raw)| {
-                    Ok(CostGroup {
-                        key: key(k),
-                        first_us: raw.first_us,
-                        totals: raw.totals()?,
-                    })
-                })
-                .collect()
-        };
-        let totals = group("NULL", "")?
-            .pop()
-            .map(|(_, raw)| raw.totals())
-            .transpose()?
-            .unwrap_or_default();
-        let by_day = groups(group("day", "GROUP BY day ORDER BY day")?, &|v| match v {
-            rusqlite::types::Value::Integer(d) => day_key(*d),
-            _ => None,
-        })?;
-        let mut by_model = groups(group("model", "GROUP BY model")?, &text)?;
-        let mut by_agent = groups(group("agent", "GROUP BY agent")?, &text)?;
-        by_cost(&mut by_model);
-        by_cost(&mut by_agent);
+        }
+        report.by_day.sort_by(|a, b| a.key.cmp(&b.key));
+        by_cost(&mut report.by_model);
+        by_cost(&mut report.by_agent);
         // Ranked in SQL by the sum as a float (exact enough to rank), then again exactly.
-        let mut sessions = groups(
-            group(
-                "session",
-                "WHERE session IS NOT NULL GROUP BY session
-                 ORDER BY CAST(dec_sum(cost) AS REAL) DESC NULLS LAST, session LIMIT ?4",
-            )?,
-            &text,
-        )?;
-        by_cost(&mut sessions);
-        Ok(CostReport {
-            totals,
-            by_day,
-            by_model,
-            by_agent,
-            top_sessions: sessions,
-        })
+        by_cost(&mut report.top_sessions);
+        Ok(report)
     }
 }
 
