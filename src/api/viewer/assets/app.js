@@ -267,7 +267,11 @@ async function sessionPage(id, params) {
   await select(selected);
   main.dataset.ready = '1';
   // A call or step whose session is the one on screen (a new side call included) redraws the page.
-  onLive = (ev) => { if (ev.session_id === s.id || byId.has(ev.trajectory_id) || !ev.trajectory_id) route(); };
+  onLive = (ev) => {
+    // Not while an annotation is being written: the redraw would drop the form.
+    if (document.querySelector('.ann-form')) return;
+    if (ev.session_id === s.id || byId.has(ev.trajectory_id) || !ev.trajectory_id) route();
+  };
 }
 
 function drawTimeline(box, lanes) {
