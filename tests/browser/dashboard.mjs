@@ -54,6 +54,7 @@ try {
   await stepBlock().locator('.ann').first().waitFor({ timeout: 10000 });
   report.after_reload = await shown();
   report.tree_labels = await page.$$eval('#tree .ann-label', (l) => l.map((x) => x.textContent));
+  await page.screenshot({ path: path.join(shots, 'session-annotated.png'), fullPage: true });
 
   // The sessions list filtered by the label, from the filter box.
   await page.goto(base + '#/');
