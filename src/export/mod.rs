@@ -187,6 +187,7 @@ fn child_summaries(all: &[crate::model::step::TrajectorySummary], id: &str) -> V
             summary: c.clone(),
             steps: Vec::new(),
             children: Vec::new(),
+            annotations: Vec::new(),
         })
         .collect()
 }
@@ -214,9 +215,20 @@ fn load_trajectory(
             children.push(load_trajectory(reader, c.clone(), all, true, depth + 1)?);
         }
     }
+    // Its own and its steps' annotations, and those on its session as a whole.
+    let session = summary.session_key().to_owned();
+    let annotations = reader
+        .annotations(std::slice::from_ref(&session), std::slice::from_ref(&id))?
+        .into_iter()
+        .filter(|a| {
+            a.trajectory_id.as_deref() == Some(id.as_str())
+                || (a.target == crate::model::annotation::AnnotationTarget::Session && a.target_id == session)
+        })
+        .collect();
     Ok(formats::TrajectoryData {
         summary,
         steps,
         children,
+        annotations,
     })
 }

@@ -1,5 +1,6 @@
 //! The canonical model shared by adapters, derivation, the store and the exporters.
 
+pub mod annotation;
 pub mod call;
 pub mod cost;
 pub mod exchange;

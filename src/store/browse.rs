@@ -25,6 +25,8 @@ pub struct SessionQuery {
     pub until_us: Option<i64>,
     /// Substring of one of the session's trajectory summaries (ids, agent, models) or of one of their steps.
     pub text: Option<String>,
+    /// An annotation with this label was made in the session, or on one of its trajectories or steps.
+    pub label: Option<String>,
     /// Keyset cursor: (started_us, session) of the last row of the previous page.
     pub before: Option<(i64, String)>,
     pub limit: u32,
@@ -126,6 +128,16 @@ fn session_page_sql(q: &SessionQuery) -> (String, Vec<SqlValue>) {
             member.join(" AND ")
         ));
         params.extend(member_params);
+    }
+    if let Some(label) = &q.label {
+        // Annotations are few: the label's index, then the annotation's session or trajectory against `t`'s.
+        cond.push(format!(
+            "EXISTS (SELECT 1 FROM annotations a WHERE a.label = ? AND (a.session_key = {key}
+                OR EXISTS (SELECT 1 FROM trajectories l WHERE l.trajectory_id = a.trajectory_id AND {})))",
+            in_session("l", &session_key("t")),
+            key = session_key("t"),
+        ));
+        params.push(SqlValue::Text(label.clone()));
     }
     params.push(SqlValue::Integer(i64::from(q.limit.clamp(1, 500))));
     let sql = format!(

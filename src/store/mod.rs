@@ -5,11 +5,13 @@
 //! do not slow queries, and body storage can change (e.g. content addressing) without touching the rest.
 //! WAL + `synchronous=NORMAL` survives `kill -9` of llmtap (only an OS crash can lose the last commits).
 
+mod annotations;
 mod browse;
 mod checkpoint;
 pub mod chunks;
 mod coalesce;
 pub mod codec;
+pub mod costs;
 pub mod feed;
 mod in_flight;
 pub mod postgres;
@@ -23,6 +25,7 @@ mod sql;
 mod write;
 
 pub use browse::{CallHead, SessionHead, SessionQuery};
+pub use costs::{CostGroup, CostQuery, CostReport, CostTotals};
 pub use query::{Query, Store};
 pub use read::{Cursor, LogTable, SessionRow, StoreReader, TraceFilter};
 pub use recent::RecentRecords;

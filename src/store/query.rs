@@ -9,8 +9,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use super::browse::{CallHead, SessionHead, SessionQuery};
+use super::costs::{CostQuery, CostReport};
 use super::read::{SessionRow, StoreReader, TraceFilter};
 use super::{StoreError, postgres::PgStore};
+use crate::model::annotation::Annotation;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 
@@ -54,6 +56,12 @@ pub trait Query {
         filter: &TraceFilter,
         f: &mut dyn FnMut(Step) -> Result<(), StoreError>,
     ) -> Result<(), StoreError>;
+    /// Annotations made in any of `sessions` or on any of `trajectories` (theirs and their steps'), oldest
+    /// first, each once.
+    fn annotations(&self, sessions: &[String], trajectories: &[String]) -> Result<Vec<Annotation>, StoreError>;
+    /// The calls started in the report's range added up: in total, by day, model and agent, and the most
+    /// expensive sessions (`store::costs`).
+    fn cost_report(&self, q: &CostQuery) -> Result<CostReport, StoreError>;
 
     /// [`session_trajectories`](Self::session_trajectories) of several sessions, in their order: a page of the
     /// sessions list in one read where the backend is a round trip away.
@@ -127,6 +135,12 @@ impl Query for StoreReader {
     ) -> Result<(), StoreError> {
         StoreReader::for_each_step(self, filter, f)
     }
+    fn annotations(&self, sessions: &[String], trajectories: &[String]) -> Result<Vec<Annotation>, StoreError> {
+        StoreReader::annotations(self, sessions, trajectories)
+    }
+    fn cost_report(&self, q: &CostQuery) -> Result<CostReport, StoreError> {
+        StoreReader::cost_report(self, q)
+    }
 }
 
 /// Where llmtap reads its data from: the local SQLite store, or the team's shared PostgreSQL store.
@@ -191,6 +205,11 @@ pub struct ReaderPool {
 
 impl ReaderPool {
     const IDLE: usize = 4;
+
+    /// The data directory of the store read (where annotations are written).
+    pub(super) fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
 
     pub fn new(data_dir: &Path) -> ReaderPool {
         ReaderPool {

@@ -145,6 +145,7 @@ impl StoreReader {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         super::stable_plans(&conn)?;
         register_step_text(&conn)?;
+        super::costs::register(&conn)?;
         Ok(StoreReader { conn, recent: None })
     }
 

@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 12;
+pub const VERSION: i64 = 13;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -272,6 +272,27 @@ CREATE INDEX IF NOT EXISTS traces_replay_of ON traces(json_extract(metadata, '$.
     WHERE json_extract(metadata, '$.replay_of') IS NOT NULL;
 "#;
 
+/// v13: annotations a person makes in the viewer (a note, a label, a score) on a session, a trajectory or a step
+/// (`model::annotation`). Rare and small: written by the viewer on its own connection, never by the store
+/// writer. `session_key` is the target's session when it was annotated; a trajectory's or step's annotation also
+/// names its trajectory, so the sessions list finds it from the session's trajectories too (label filter).
+const V13: &str = r#"
+CREATE TABLE IF NOT EXISTS annotations (
+    id            TEXT PRIMARY KEY,
+    target        TEXT NOT NULL,
+    target_id     TEXT NOT NULL,
+    session_key   TEXT NOT NULL,
+    trajectory_id TEXT,
+    note          TEXT,
+    label         TEXT,
+    score         REAL,
+    created_us    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS annotations_session ON annotations(session_key);
+CREATE INDEX IF NOT EXISTS annotations_trajectory ON annotations(trajectory_id) WHERE trajectory_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS annotations_label ON annotations(label) WHERE label IS NOT NULL;
+"#;
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -325,6 +346,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 12 {
         conn.execute_batch(V12)?;
+    }
+    if version < 13 {
+        conn.execute_batch(V13)?;
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;

@@ -9,6 +9,7 @@ use rust_decimal::Decimal;
 use serde_json::{Map, Value, json};
 
 use crate::derive::context;
+use crate::model::annotation::{Annotation, AnnotationTarget};
 use crate::model::cost::CostBreakdown;
 use crate::model::exchange::{Api, Outcome};
 use crate::model::step::{Purpose, Step, StepRole, TrajectorySummary, session_title};
@@ -42,6 +43,7 @@ pub fn list_sessions(reader: &dyn Query, query: &SessionQuery) -> Result<Value, 
         .map(|(_, t)| t.trajectory_id.clone())
         .collect();
     let mut calls = reader.call_heads_of(&ids)?.into_iter();
+    let notes = reader.annotations(&keys, &ids)?;
     let mut rows = Vec::with_capacity(heads.len());
     for (head, trajectories) in heads.iter().zip(per_session) {
         let mut totals = Totals::default();
@@ -63,6 +65,7 @@ pub fn list_sessions(reader: &dyn Query, query: &SessionQuery) -> Result<Value, 
             "side_trajectories": summaries.iter().filter(|t| is_dimmed(t)).count(),
             "closed": summaries.iter().all(|t| t.closed),
             "totals": totals.to_json(),
+            "annotations": annotations_in(&notes, &head.session, &summaries),
         }));
     }
     let next = match heads.last() {
@@ -102,6 +105,8 @@ pub fn session(reader: &dyn Query, id: &str) -> Result<Option<Value>, StoreError
     }
     let lead = lead_trajectory(&summaries);
     let focus = summaries.iter().any(|t| t.trajectory_id == id).then_some(id);
+    let ids: Vec<String> = summaries.iter().map(|t| t.trajectory_id.clone()).collect();
+    let notes = reader.annotations(std::slice::from_ref(&session), &ids)?;
     Ok(Some(json!({
         "id": session,
         "session_id": session,
@@ -112,7 +117,24 @@ pub fn session(reader: &dyn Query, id: &str) -> Result<Option<Value>, StoreError
         "totals": all.to_json(),
         "trajectories": trajectories,
         "exports": export_links(&session),
+        "annotations": annotations_in(&notes, &session, &summaries),
     })))
+}
+
+/// The annotations of `notes` made in `session` or on one of its trajectories (or their steps), as JSON.
+fn annotations_in(notes: &[Annotation], session: &str, trajectories: &[&TrajectorySummary]) -> Value {
+    Value::Array(
+        notes
+            .iter()
+            .filter(|a| {
+                a.session_id == session
+                    || a.trajectory_id
+                        .as_deref()
+                        .is_some_and(|t| trajectories.iter().any(|x| x.trajectory_id == t))
+            })
+            .map(super::annotations::annotation_json)
+            .collect(),
+    )
 }
 
 fn trajectory_json(s: &TrajectorySummary, totals: &Totals) -> Value {
@@ -253,13 +275,23 @@ pub fn steps(reader: &dyn Query, trajectory: &str, after: Option<u32>, limit: u3
     let next = (page.len() as u32 >= limit)
         .then(|| page.last().map(|s| s.step_index))
         .flatten();
+    let notes = reader.annotations(&[], &[trajectory.to_owned()])?;
     let mut steps = Vec::with_capacity(page.len());
     for s in &page {
         let head = match &s.provider_trace_id {
             Some(id) if s.role == crate::model::step::StepRole::Agent => reader.call_head(id)?,
             _ => None,
         };
-        steps.push(step_json(s, head.as_ref()));
+        let mut v = step_json(s, head.as_ref());
+        if let Value::Object(map) = &mut v {
+            let own: Vec<Value> = notes
+                .iter()
+                .filter(|a| a.target == AnnotationTarget::Step && a.target_id == s.step_id)
+                .map(super::annotations::annotation_json)
+                .collect();
+            map.insert("annotations".into(), Value::Array(own));
+        }
+        steps.push(v);
     }
     Ok(json!({ "steps": steps, "next": next }))
 }

@@ -5,6 +5,8 @@
 //!
 //! Store reads run on the API runtime's blocking pool, never on the proxy's.
 
+mod annotations;
+mod dashboard;
 pub mod data;
 mod diff;
 mod replay;
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, RawQuery, State};
-use axum::routing::get;
+use axum::routing::{delete, get, post};
 use bytes::Bytes;
 use http::{Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
@@ -98,8 +100,11 @@ impl Viewer {
             .route("/api/trajectories/{id}/steps", get(steps))
             .route("/api/calls/{id}", get(call))
             .route("/api/calls/{id}/diff", get(call_diff))
-            // The one route that changes anything: a replay (POST, `replay::post`).
+            // The viewer's writes: a replay (POST, `replay::post`) and annotations (POST, DELETE).
             .route("/api/calls/{id}/replay", get(replay_info).post(replay_post))
+            .route("/api/annotations", post(post_annotation))
+            .route("/api/annotations/{id}", delete(delete_annotation))
+            .route("/api/costs", get(costs))
             .route("/api/compare", get(compare))
             .route("/api/export/{format}", get(export))
             .route(
@@ -146,6 +151,47 @@ impl Viewer {
             EpisodeReport::Quiet => {}
         }
         json_response(StatusCode::INTERNAL_SERVER_ERROR, &json!({"error": error}))
+    }
+
+    /// `POST api/annotations`: JSON only (module docs of `annotations`), bounded, checked, then kept.
+    async fn post_annotation(&self, req: axum::extract::Request) -> Response<Body> {
+        let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+        if !annotations::is_json(content_type) {
+            return json_response(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                &json!({"error": "an annotation is sent as Content-Type: application/json"}),
+            );
+        }
+        let body = match http_body_util::Limited::new(req.into_body(), annotations::MAX_BODY)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return json_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &json!({"error": format!("an annotation is at most {} bytes", annotations::MAX_BODY)}),
+                );
+            }
+        };
+        match annotations::parse(&body) {
+            Ok(new) => self.write(move |store| annotations::add(store, &new)).await,
+            Err(message) => json_response(StatusCode::BAD_REQUEST, &json!({ "error": message })),
+        }
+    }
+
+    /// Run a store write on the blocking pool; None → 404.
+    async fn write(
+        &self,
+        f: impl FnOnce(&Store) -> Result<Option<Value>, crate::store::StoreError> + Send + 'static,
+    ) -> Response<Body> {
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || f(&store)).await {
+            Ok(Ok(Some(v))) => json_response(StatusCode::OK, &v),
+            Ok(Ok(None)) => json_response(StatusCode::NOT_FOUND, &json!({"error": "not found"})),
+            Ok(Err(e)) => self.failed(&e.to_string()),
+            Err(e) => self.failed(&e.to_string()),
+        }
     }
 
     /// `llmtap export --format <format> --session <session>` as a download, streamed from a blocking thread.
@@ -285,6 +331,21 @@ async fn replay_post(
     replay::post(v.store.clone(), v.ctx.clone(), v.live.clone(), id, request).await
 }
 
+async fn post_annotation(State(v): State<Arc<Viewer>>, request: axum::extract::Request) -> Response<Body> {
+    v.post_annotation(request).await
+}
+
+async fn delete_annotation(State(v): State<Arc<Viewer>>, Path(id): Path<String>) -> Response<Body> {
+    v.write(move |store| annotations::delete(store, &id)).await
+}
+
+async fn costs(State(v): State<Arc<Viewer>>, RawQuery(q): RawQuery) -> Response<Body> {
+    match dashboard::cost_query(&query_params(q.as_deref()), chrono::Utc::now().timestamp_micros()) {
+        Ok(range) => v.read(move |r, _| dashboard::costs(r, &range).map(Some)).await,
+        Err(message) => json_response(StatusCode::BAD_REQUEST, &json!({ "error": message })),
+    }
+}
+
 async fn compare(State(v): State<Arc<Viewer>>, RawQuery(q): RawQuery) -> Response<Body> {
     let mut q = query_params(q.as_deref());
     let (a, b) = (q.remove("a").unwrap_or_default(), q.remove("b").unwrap_or_default());
@@ -309,6 +370,7 @@ fn session_query(q: &Params) -> SessionQuery {
         since_us: time("since"),
         until_us: time("until"),
         text: text("q"),
+        label: text("label"),
         before: q.get("before").and_then(|b| {
             let (t, id) = b.split_once(':')?;
             Some((t.parse().ok()?, id.to_owned()))

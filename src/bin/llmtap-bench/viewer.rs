@@ -183,6 +183,17 @@ pub fn measure_flood(reader: &dyn Query, sessions: usize, start: i64) -> Result<
     Ok(())
 }
 
+/// The call priced as the pipeline prices it (the cost report sums real costs and cache savings).
+fn priced(mut p: llmtap::pipeline::process::Processed) -> llmtap::pipeline::process::Processed {
+    type Pricing = Option<(llmtap::cost::CostTable, Metrics)>;
+    static PRICING: std::sync::OnceLock<Pricing> = std::sync::OnceLock::new();
+    let pricing = PRICING.get_or_init(|| Some((llmtap::cost::CostTable::embedded().ok()?, Metrics::default())));
+    if let Some((table, metrics)) = pricing {
+        llmtap::pipeline::pricing::price(table, &mut p.trace, p.call.as_ref(), metrics);
+    }
+    p
+}
+
 fn build(dir: &std::path::Path, calls: usize, small: usize, pad: usize) -> Result<(), llmtap::store::StoreError> {
     let (tx, thread) = start_writer(dir, StoreConfig::default())?;
     let mut t = llmtap::capture::now_micros() - 86_400_000_000;
@@ -197,7 +208,7 @@ fn build(dir: &std::path::Path, calls: usize, small: usize, pad: usize) -> Resul
             ex = padded(ex, pad, n);
         }
         t += 2_000_000;
-        let p = llmtap::pipeline::process::process(ex, usize::MAX);
+        let p = priced(llmtap::pipeline::process::process(ex, usize::MAX));
         let mut out = Vec::new();
         for r in deriver.observe(p.trace, p.call) {
             match r {
@@ -233,7 +244,7 @@ fn build(dir: &std::path::Path, calls: usize, small: usize, pad: usize) -> Resul
     // Many small sessions for the list.
     for s in 0..small {
         for turn in 0..3 {
-            let p = llmtap::pipeline::process::process(exchange(s, turn, t), usize::MAX);
+            let p = priced(llmtap::pipeline::process::process(exchange(s, turn, t), usize::MAX));
             t += 1_000_000;
             tx.send(deriver.observe(p.trace, p.call));
         }
@@ -316,6 +327,19 @@ fn measure(dir: &std::path::Path) -> Result<(), llmtap::store::StoreError> {
                     Some(last_step.saturating_sub(101)),
                     100,
                 )?))
+            }),
+        ),
+        (
+            "cost report (every call: totals, by day, model, agent, top 10 sessions)",
+            Box::new(|| {
+                let q = llmtap::store::CostQuery {
+                    since_us: 0,
+                    until_us: i64::MAX,
+                    utc_offset_s: 0,
+                    top: 10,
+                };
+                let r = reader.cost_report(&q)?;
+                Ok(format!("{:?}", r.totals).len())
             }),
         ),
         (

@@ -166,6 +166,10 @@ pub fn atif(t: &TrajectoryData) -> Value {
     if let Some(e) = out.get_mut("extra") {
         strip_nulls(e);
     }
+    // ATIF has no field for what people said about a run: its extension field holds them.
+    if !t.annotations.is_empty() {
+        out["extra"]["annotations"] = Value::Array(t.annotations.iter().map(|a| a.to_json()).collect());
+    }
     if !t.children.is_empty() {
         out["subagent_trajectories"] = Value::Array(t.children.iter().map(atif).collect());
     }

@@ -6,13 +6,16 @@
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::model::annotation::Annotation;
 use crate::model::step::{Step, TrajectorySummary};
 
-/// A trajectory with its steps (step_index order) and the trajectories it started.
+/// A trajectory with its steps (step_index order), the trajectories it started, and the annotations people made
+/// on it, on its steps and on its session (oldest first).
 pub struct TrajectoryData {
     pub summary: TrajectorySummary,
     pub steps: Vec<Step>,
     pub children: Vec<TrajectoryData>,
+    pub annotations: Vec<Annotation>,
 }
 
 impl TrajectoryData {

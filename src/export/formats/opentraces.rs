@@ -101,6 +101,7 @@ pub fn opentraces(t: &TrajectoryData) -> Value {
     if let Some(a) = record.get_mut("agent") {
         strip_nulls(a);
     }
+    annotate(&mut record, t);
     // content_hash: SHA-256 of the record without trace_id and content_hash (the seed's definition).
     let hash: String = Sha256::digest(record.to_string().as_bytes())
         .iter()
@@ -110,4 +111,32 @@ pub fn opentraces(t: &TrajectoryData) -> Value {
         m.insert("content_hash".into(), Value::String(hash));
     }
     record
+}
+
+/// People's annotations: every one under `metadata.annotations`, and the latest score on the trajectory itself
+/// (else on its session) as the record's `outcome`, the seed's place for a human reward signal
+/// (`signal_confidence: annotated`, `reward_source: human_annotation`) with its note as the description.
+fn annotate(record: &mut Value, t: &TrajectoryData) {
+    use crate::model::annotation::AnnotationTarget;
+    if t.annotations.is_empty() {
+        return;
+    }
+    record["metadata"]["annotations"] = Value::Array(t.annotations.iter().map(|a| a.to_json()).collect());
+    let scored = |target: AnnotationTarget| {
+        t.annotations
+            .iter()
+            .rev()
+            .find(|a| a.target == target && a.score.is_some())
+    };
+    if let Some(a) = scored(AnnotationTarget::Trajectory).or_else(|| scored(AnnotationTarget::Session)) {
+        let mut outcome = json!({
+            "signal_source": "human",
+            "signal_confidence": "annotated",
+            "reward": a.score,
+            "reward_source": "human_annotation",
+            "description": a.note,
+        });
+        strip_nulls(&mut outcome);
+        record["outcome"] = outcome;
+    }
 }

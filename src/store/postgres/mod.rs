@@ -15,6 +15,8 @@
 //! Blocking callers (the viewer's and the API's blocking pool, the CLI) use the [`Query`](super::Query) methods,
 //! which run on this store's own small runtime; the shipping sink awaits [`PgStore::ship`].
 
+mod annotations;
+mod costs;
 mod doc;
 mod query;
 mod schema;

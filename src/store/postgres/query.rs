@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 use tokio_postgres::Row;
 
 use super::{PgStore, StoreError, db_error, doc};
+use crate::model::annotation::Annotation;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
 use crate::store::browse::{CallHead, SessionHead, SessionQuery};
+use crate::store::costs::{CostQuery, CostReport};
 use crate::store::query::Query;
 use crate::store::read::{SessionRow, TraceFilter};
 
@@ -79,6 +81,14 @@ impl PgStore {
 }
 
 impl Query for PgStore {
+    fn annotations(&self, sessions: &[String], trajectories: &[String]) -> Result<Vec<Annotation>, StoreError> {
+        self.read_annotations(sessions, trajectories)
+    }
+
+    fn cost_report(&self, q: &CostQuery) -> Result<CostReport, StoreError> {
+        self.read_cost_report(q)
+    }
+
     fn trajectories_of_sessions(&self, sessions: &[String]) -> Result<Vec<Vec<(i64, TrajectorySummary)>>, StoreError> {
         let display = self.display.clone();
         let keys = sessions.to_vec();
@@ -152,6 +162,14 @@ impl Query for PgStore {
             }
             if let Some(m) = &q.model {
                 cond.push(format!("{} = ANY(s.models)", param(Box::new(m.clone()))));
+            }
+            if let Some(l) = &q.label {
+                let l = param(Box::new(l.clone()));
+                cond.push(format!(
+                    "EXISTS (SELECT 1 FROM annotations a WHERE a.label = {l} AND (a.session_key = s.session_key
+                        OR a.trajectory_id IN (SELECT l.trajectory_id FROM trajectory_parts l
+                                               WHERE l.session_key = s.session_key)))"
+                ));
             }
             // A session row is kept while one of its trajectories has it as key (a trajectory later linked into
             // another session leaves its old key's row behind).

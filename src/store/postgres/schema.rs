@@ -3,7 +3,7 @@
 
 use super::{StoreError, db_error};
 
-pub const VERSION: i32 = 2;
+pub const VERSION: i32 = 3;
 
 /// An arbitrary constant naming llmtap's migration lock among the database's advisory locks.
 const MIGRATION_LOCK: i64 = 0x6c6c_6d74_6170;
@@ -67,7 +67,26 @@ CREATE INDEX IF NOT EXISTS traces_replay_of ON traces (((head::jsonb) -> 'meta' 
     WHERE ((head::jsonb) -> 'meta' ->> 'replay_of') IS NOT NULL;
 "#;
 
-const MIGRATIONS: [&str; 2] = [V1, V2];
+/// v3: annotations made in a viewer reading this store (`model::annotation`; SQLite's v13 has the same table).
+/// The viewer writes them here, not in a replica's spool: every viewer of the team reads this store.
+const V3: &str = r#"
+CREATE TABLE IF NOT EXISTS annotations (
+    id            text PRIMARY KEY,
+    target        text NOT NULL,
+    target_id     text NOT NULL,
+    session_key   text NOT NULL,
+    trajectory_id text,
+    note          text,
+    label         text,
+    score         double precision,
+    created_us    bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS annotations_session ON annotations (session_key);
+CREATE INDEX IF NOT EXISTS annotations_trajectory ON annotations (trajectory_id) WHERE trajectory_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS annotations_label ON annotations (label) WHERE label IS NOT NULL;
+"#;
+
+const MIGRATIONS: [&str; 3] = [V1, V2, V3];
 
 pub(super) async fn migrate(client: &mut deadpool_postgres::Object, display: &str) -> Result<(), StoreError> {
     let err = |e| db_error(display, e);

@@ -2,7 +2,8 @@
 // only (captured content is never parsed as HTML). Routes: #/ sessions, #/s/<session>[?t=<trajectory>] session
 // (a trajectory id in place of the session id opens its session), #/c/<id> call, #/d/<id>[?against=<id>] what
 // changed in a call's request, #/cmp/<a>/<b> two trajectories (or sessions' first runs) side by side,
-// #/metrics llmtap's own metrics.
+// #/costs spend over time, #/metrics llmtap's own metrics. Annotations (a note, a label, a score) on sessions,
+// trajectories and steps are the only writes (POST/DELETE api/annotations).
 'use strict';
 
 const main = document.getElementById('main');
@@ -120,7 +121,7 @@ function connectLive() {
 
 // --- sessions list ---
 async function sessionsPage(params) {
-  const filters = ['agent', 'model', 'since', 'until', 'q'];
+  const filters = ['agent', 'model', 'since', 'until', 'q', 'label'];
   const form = h('form', { class: 'filters', onsubmit: (e) => {
     e.preventDefault();
     const q = new URLSearchParams();
@@ -132,6 +133,7 @@ async function sessionsPage(params) {
   h('input', { name: 'since', placeholder: 'since (RFC 3339)', value: params.get('since') || '' }),
   h('input', { name: 'until', placeholder: 'until (RFC 3339)', value: params.get('until') || '' }),
   h('input', { name: 'q', placeholder: 'search text', value: params.get('q') || '', size: 30 }),
+  h('input', { name: 'label', placeholder: 'annotation label', value: params.get('label') || '' }),
   h('button', { type: 'submit' }, 'Filter'));
   const body = h('tbody', { id: 'sessions' });
   const more = h('button', { hidden: true }, 'More');
@@ -150,7 +152,7 @@ async function sessionsPage(params) {
     const t = s.totals;
     return h('tr', { class: !first && !seen.has(s.id) ? 'new' : null, 'data-id': s.id },
       h('td', { class: 'session' }, h('a', { href: '#/s/' + enc(s.id), title: s.id, class: s.title ? 'title' : 'id' }, s.title || shortId(s.id)),
-        s.title ? h('div', { class: 'muted sid' }, shortId(s.id)) : null),
+        s.title ? h('div', { class: 'muted sid' }, shortId(s.id)) : null, labelChips(s.annotations)),
       h('td', {}, s.agent || ''),
       h('td', {}, s.models.join(', ')), h('td', {}, time(s.started_at)),
       h('td', { class: 'num' }, dur(t.duration_ms)),
@@ -198,6 +200,8 @@ async function sessionPage(id, params) {
   const exports = h('div', { class: 'exports' }, h('span', { class: 'muted' }, 'Export: '),
     s.exports.map((e) => h('a', { href: e.url, download: '' }, e.format)));
   const stepsBox = h('div', { class: 'steps', id: 'steps' });
+  const trajectoryNotes = h('div', { id: 'trajectory-notes' });
+  const notesOf = (tid) => s.annotations.filter((a) => a.target === 'trajectory' && a.target_id === tid);
   const treeBox = h('div', { class: 'tree', id: 'tree' });
   const timeline = h('div', { class: 'timeline', id: 'timeline' });
   const compareWith = h('input', { name: 'other', placeholder: 'another trajectory or session id', size: 36 });
@@ -210,9 +214,10 @@ async function sessionPage(id, params) {
   h('button', { type: 'submit' }, 'Compare'));
   render(h('h1', { id: 'session-title' }, (s.title || s.agent || 'session') + ' ', h('span', { class: 'muted' }, s.id)),
     s.title && s.agent ? h('p', { class: 'muted' }, s.agent) : null,
-    totals, h('div', { class: 'exports' }, exports, copyJson('Copy session as JSON', 'session', s)), compare,
+    totals, annotationsBlock('session', s.id, s.annotations.filter((a) => a.target === 'session')),
+    h('div', { class: 'exports' }, exports, copyJson('Copy session as JSON', 'session', s)), compare,
     h('h2', {}, 'Trajectories'), treeBox, h('h2', {}, 'Timeline'), timeline,
-    h('h2', { id: 'steps-title' }, 'Steps'), stepsBox);
+    h('h2', { id: 'steps-title' }, 'Steps'), trajectoryNotes, stepsBox);
 
   // Tree, as the server arranged it (`under`): runs, their sub-agents under the tool call that started them,
   // continuations under what they continue, then the run's side calls, titles, warmups and quota probes, dimmed.
@@ -232,7 +237,7 @@ async function sessionPage(id, params) {
     tr.run ? h('span', { class: 'run' }, '#' + tr.run) : null,
     h('b', {}, tr.agent || 'agent'), ' ', h('span', { class: 'via' }, how),
     tr.title ? h('span', { class: 'ttl', title: tr.title }, tr.title) : null, ' · ',
-    num(tr.steps) + ' steps · ' + num(tr.llm_calls) + ' calls · ' + cost(tr.totals));
+    num(tr.steps) + ' steps · ' + num(tr.llm_calls) + ' calls · ' + cost(tr.totals), labelChips(notesOf(tr.id)));
     const children = (kids.get(tr.id) || []).map(node);
     return h('li', {}, label, children.length ? h('ul', {}, children) : null);
   }
@@ -256,12 +261,17 @@ async function sessionPage(id, params) {
     selected = tid;
     for (const n of treeBox.querySelectorAll('.node')) n.classList.toggle('sel', n.dataset.id === tid);
     document.getElementById('steps-title').textContent = 'Steps of ' + (byId.get(tid).agent || tid);
+    trajectoryNotes.replaceChildren(annotationsBlock('trajectory', tid, notesOf(tid)));
     await loadSteps(true);
   }
   await select(selected);
   main.dataset.ready = '1';
   // A call or step whose session is the one on screen (a new side call included) redraws the page.
-  onLive = (ev) => { if (ev.session_id === s.id || byId.has(ev.trajectory_id) || !ev.trajectory_id) route(); };
+  onLive = (ev) => {
+    // Not while an annotation is being written: the redraw would drop the form.
+    if (document.querySelector('.ann-form')) return;
+    if (ev.session_id === s.id || byId.has(ev.trajectory_id) || !ev.trajectory_id) route();
+  };
 }
 
 function drawTimeline(box, lanes) {
@@ -327,7 +337,8 @@ function stepCard(st) {
     }),
     st.snippets.length ? h('details', {}, h('summary', {}, st.snippets.length + ' snippets'),
       st.snippets.map((sn) => h('div', {}, h('span', { class: 'muted' }, (sn.file_path || '') + (sn.start_line ? ':' + sn.start_line : '')),
-        h('pre', {}, sn.text)))) : null);
+        h('pre', {}, sn.text)))) : null,
+    st.annotations ? annotationsBlock('step', st.step_id, st.annotations) : null);
 }
 
 // A message's text when it is only text blocks; its JSON otherwise (tool calls, results, images).
@@ -503,6 +514,163 @@ async function metricsPage() {
   main.dataset.ready = '1';
 }
 
+// --- annotations: a note, a label and a score on a session, trajectory or step (rendered as text only) ---
+function labelChips(list) {
+  const labels = [...new Set((list || []).map((a) => a.label).filter((l) => l))];
+  return labels.length ? h('span', { class: 'ann-chips' }, labels.map((l) => h('span', { class: 'ann-label' }, l))) : null;
+}
+
+function annotationItem(a) {
+  const item = h('div', { class: 'ann', 'data-annotation': a.id },
+    a.label ? h('span', { class: 'ann-label' }, a.label) : null,
+    a.score !== null && a.score !== undefined ? h('span', { class: 'ann-score' }, 'score ' + a.score) : null,
+    a.note ? h('span', { class: 'ann-note' }, a.note) : null,
+    h('button', { class: 'ann-del', title: 'delete this annotation', onclick: async () => {
+      const r = await fetch('api/annotations/' + enc(a.id), { method: 'DELETE', credentials: 'same-origin' });
+      if (r.ok) item.remove();
+    } }, '×'));
+  return item;
+}
+
+function annotationForm(target, id, done) {
+  const label = h('input', { name: 'label', maxlength: 64, placeholder: 'label', size: 14 });
+  const score = h('input', { name: 'score', type: 'number', step: 'any', placeholder: 'score', size: 6 });
+  const note = h('textarea', { name: 'note', rows: 2, cols: 50, maxlength: 4000, placeholder: 'note' });
+  const msg = h('span', { class: 'err ann-error' });
+  const form = h('form', { class: 'ann-form', onsubmit: async (e) => {
+    e.preventDefault();
+    const body = { target, id };
+    if (note.value.trim()) body.note = note.value;
+    if (label.value.trim()) body.label = label.value;
+    if (score.value !== '') body.score = Number(score.value);
+    const r = await fetch('api/annotations', { method: 'POST', credentials: 'same-origin',
+      headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+    const answer = await r.json().catch(() => ({}));
+    if (!r.ok) { msg.textContent = answer.error || 'failed: ' + r.status; return; }
+    form.remove();
+    done(answer);
+  } }, label, score, note, h('button', { type: 'submit' }, 'Save'),
+  h('button', { type: 'button', onclick: () => { form.remove(); done(null); } }, 'Cancel'), msg);
+  return form;
+}
+
+// The annotations of one target and an "annotate" button opening a form; a saved one is added in place.
+function annotationsBlock(target, id, list) {
+  const items = h('div', { class: 'ann-list' }, (list || []).map(annotationItem));
+  const open = h('button', { class: 'annotate' }, 'annotate ' + target);
+  const box = h('div', { class: 'annotations', 'data-target': target, 'data-id': id }, items, open);
+  open.onclick = () => {
+    open.hidden = true;
+    const form = annotationForm(target, id, (a) => { if (a) items.append(annotationItem(a)); open.hidden = false; });
+    box.append(form);
+    form.elements.label.focus();
+  };
+  return box;
+}
+
+// --- cost over time: totals, spend and tokens by day, by model and agent, the most expensive sessions ---
+const SVG = 'http://www.w3.org/2000/svg';
+function svg(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
+  for (const c of children) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return el;
+}
+const isoDay = (d) => d.getFullYear() + '-' + String(d.getMonth() + 1).padStart(2, '0') + '-' + String(d.getDate()).padStart(2, '0');
+
+// Stacked bars, one per day: `series` is [[name, cssClass, value(group)]], `label` formats a bar's total.
+function dayChart(id, days, byDay, series, label) {
+  const W = 960, H = 200, top = 12, bottom = 28, left = 64;
+  const total = (g) => (g ? series.reduce((n, [, , f]) => n + f(g), 0) : 0);
+  const max = Math.max(0, ...days.map((d) => total(byDay.get(d))));
+  const chart = svg('svg', { id, class: 'chart', viewBox: '0 0 ' + W + ' ' + H, role: 'img' });
+  const scale = (v) => (max > 0 ? (v / max) * (H - top - bottom) : 0);
+  const slot = (W - left) / Math.max(days.length, 1);
+  chart.append(svg('line', { class: 'axis', x1: left, x2: W, y1: H - bottom, y2: H - bottom }),
+    svg('text', { class: 'tick', x: left - 6, y: top + 4, 'text-anchor': 'end' }, label(max)),
+    svg('text', { class: 'tick', x: left - 6, y: H - bottom, 'text-anchor': 'end' }, label(0)));
+  days.forEach((d, i) => {
+    const g = byDay.get(d);
+    let y = H - bottom;
+    const x = left + i * slot + slot * 0.15;
+    for (const [name, cls, f] of series) {
+      const v = g ? f(g) : 0;
+      if (!(v > 0)) continue;
+      const hgt = Math.max(scale(v), 1);
+      y -= hgt;
+      chart.append(svg('rect', { class: 'cbar ' + cls, x, y, width: slot * 0.7, height: hgt, 'data-day': d },
+        svg('title', {}, d + ' · ' + name + ': ' + label(v))));
+    }
+    if (days.length <= 31 || i % Math.ceil(days.length / 31) === 0) {
+      chart.append(svg('text', { class: 'tick', x: x + slot * 0.35, y: H - 10, 'text-anchor': 'middle' }, d.slice(5)));
+    }
+  });
+  return chart;
+}
+
+function costTotals(t) {
+  const usd = (v) => (v === null || v === undefined ? 'unknown' : '$' + fmtUsd(v));
+  return h('div', { class: 'totals', id: 'cost-totals' },
+    [['Spend', usd(t.cost_usd) + (t.unpriced_calls && t.cost_usd !== null ? ' + unknown' : ''), 'cost-total'],
+      ['Calls', num(t.calls), 'cost-calls'], ['Input', num(t.input_tokens)], ['Output', num(t.output_tokens)],
+      ['Cache read', num(t.cache_read_tokens)], ['Cache write', num(t.cache_write_tokens)],
+      ['Cache reads cost', usd(t.cache_read_cost_usd)],
+      ['Cache savings', usd(t.cache_savings_usd) + (t.savings_unknown_calls ? ' (+ ' + num(t.savings_unknown_calls) + ' calls unknown)' : ''), 'cost-savings'],
+      ['Unpriced calls', num(t.unpriced_calls)]]
+      .map(([k, v, id]) => h('div', {}, h('span', { class: 'muted' }, k), h('b', { id }, v))));
+}
+
+function groupTable(id, name, groups, link) {
+  const most = Math.max(0, ...groups.map((g) => Number(g.totals.cost_usd || 0)));
+  return h('table', { id, class: 'costs' }, h('thead', {}, h('tr', {}, h('th', {}, name), h('th', { class: 'num' }, 'Calls'),
+    h('th', { class: 'num' }, 'Input'), h('th', { class: 'num' }, 'Output'), h('th', { class: 'num' }, 'Cache read'),
+    h('th', { class: 'num' }, 'Cost'), h('th', {}, ''))),
+  h('tbody', {}, groups.map((g) => {
+    const t = g.totals;
+    const meter = h('span', { class: 'meter' });
+    meter.style.width = (most > 0 ? (Number(t.cost_usd || 0) / most) * 100 : 0) + '%';
+    return h('tr', { 'data-key': g.key ?? '' }, h('td', {}, link(g)), h('td', { class: 'num' }, num(t.calls)),
+      h('td', { class: 'num' }, num(t.input_tokens)), h('td', { class: 'num' }, num(t.output_tokens)),
+      h('td', { class: 'num' }, num(t.cache_read_tokens)),
+      h('td', { class: 'num cost' }, cost({ cost_usd: t.cost_usd, calls: t.calls, unpriced_calls: t.unpriced_calls })),
+      h('td', { class: 'meter-cell' }, meter));
+  })));
+}
+
+async function costsPage(params) {
+  const now = new Date();
+  const since = params.get('since') || isoDay(new Date(now.getTime() - 29 * 86400000));
+  const until = params.get('until') || isoDay(now);
+  const tz = -now.getTimezoneOffset();
+  const form = h('form', { class: 'filters', id: 'cost-range', onsubmit: (e) => {
+    e.preventDefault();
+    location.hash = '#/costs?since=' + enc(form.elements.since.value) + '&until=' + enc(form.elements.until.value);
+  } }, h('input', { name: 'since', type: 'date', value: since }), h('span', { class: 'muted' }, 'to'),
+  h('input', { name: 'until', type: 'date', value: until }), h('button', { type: 'submit' }, 'Show'),
+  [7, 30, 90].map((n) => h('a', { href: '#/costs?since=' + isoDay(new Date(now.getTime() - (n - 1) * 86400000)) + '&until=' + isoDay(now) }, 'last ' + n + ' days')));
+  const d = await get('api/costs?since=' + enc(since) + '&until=' + enc(until) + '&tz=' + tz);
+  const days = [];
+  for (let t = new Date(since + 'T00:00:00'); isoDay(t) <= until && days.length < 1000; t.setDate(t.getDate() + 1)) days.push(isoDay(t));
+  const byDay = new Map(d.by_day.map((g) => [g.day, g]));
+  const usd = (v) => '$' + fmtUsd(v);
+  const compact = (n) => (n >= 1e6 ? (n / 1e6).toFixed(1) + 'M' : n >= 1e3 ? (n / 1e3).toFixed(1) + 'k' : String(Math.round(n)));
+  const tokens = [['input (uncached)', 'input', (g) => g.totals.input_tokens - g.totals.cache_read_tokens - g.totals.cache_write_tokens],
+    ['cache read', 'cache-read', (g) => g.totals.cache_read_tokens], ['cache write', 'cache-write', (g) => g.totals.cache_write_tokens],
+    ['output', 'output', (g) => g.totals.output_tokens]];
+  render(h('h1', {}, 'Cost over time'), form, costTotals(d.totals),
+    h('h2', {}, 'Spend by day'), dayChart('chart-spend', days, byDay, [['spend', 'spend', (g) => Number(g.totals.cost_usd || 0)]], usd),
+    h('h2', {}, 'Tokens by day'), dayChart('chart-tokens', days, byDay, tokens, compact),
+    h('div', { class: 'legend' }, tokens.map(([name, cls]) => h('span', {}, h('i', { class: 'swatch ' + cls }), name))),
+    h('h2', {}, 'By model'), groupTable('costs-by-model', 'Model', d.by_model.map((g) => ({ key: g.model, totals: g.totals })), (g) => g.key ?? '(none)'),
+    h('h2', {}, 'By agent'), groupTable('costs-by-agent', 'Agent', d.by_agent.map((g) => ({ key: g.agent, totals: g.totals })), (g) => g.key ?? '(none)'),
+    h('h2', {}, 'Most expensive sessions'),
+    groupTable('top-sessions', 'Session', d.top_sessions.map((x) => ({ key: x.session_id, totals: x.totals, title: x.title })),
+      (g) => h('a', { href: '#/s/' + enc(g.key), title: g.key }, g.title || shortId(g.key))),
+    h('p', { class: 'muted' }, 'Calls started from ' + time(d.since) + ' to ' + time(d.until) + '. Cache savings: what the cache reads would have cost at each call\'s uncached input price, less what they cost.'));
+  main.dataset.ready = '1';
+  onLive = null;
+}
+
 async function route() {
   delete main.dataset.ready;
   onLive = null;
@@ -517,6 +685,7 @@ async function route() {
       await comparePage(a, b || '');
     }
     else if (path === '/metrics') await metricsPage();
+    else if (path === '/costs') await costsPage(new URLSearchParams(qs || ''));
     else await sessionsPage(new URLSearchParams(qs || ''));
   } catch (e) {
     render(h('p', { class: 'err' }, String(e)));
