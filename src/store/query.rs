@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use super::browse::{CallHead, SessionHead, SessionQuery};
 use super::read::{SessionRow, StoreReader, TraceFilter};
+use super::search::{SearchHit, SearchQuery};
 use super::{StoreError, postgres::PgStore};
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
@@ -52,6 +53,10 @@ pub trait Query {
         filter: &TraceFilter,
         f: &mut dyn FnMut(Step) -> Result<(), StoreError>,
     ) -> Result<(), StoreError>;
+
+    /// Steps whose text (prompt, output, reasoning, tool arguments and results; see `store::search`) holds every
+    /// term of `q` and that pass its filters, newest first, each with a snippet around the match.
+    fn search(&self, q: &SearchQuery) -> Result<Vec<SearchHit>, StoreError>;
 
     /// [`session_trajectories`](Self::session_trajectories) of several sessions, in their order: a page of the
     /// sessions list in one read where the backend is a round trip away.
@@ -107,6 +112,9 @@ impl Query for StoreReader {
     }
     fn sessions(&self, filter: &TraceFilter) -> Result<Vec<SessionRow>, StoreError> {
         StoreReader::sessions(self, filter)
+    }
+    fn search(&self, q: &SearchQuery) -> Result<Vec<SearchHit>, StoreError> {
+        StoreReader::search(self, q)
     }
     fn for_each_trace(
         &self,

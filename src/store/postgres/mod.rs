@@ -18,6 +18,7 @@
 mod doc;
 mod query;
 mod schema;
+mod search;
 mod ship;
 
 use std::future::Future;

@@ -79,6 +79,10 @@ impl PgStore {
 }
 
 impl Query for PgStore {
+    fn search(&self, q: &crate::store::search::SearchQuery) -> Result<Vec<crate::store::search::SearchHit>, StoreError> {
+        self.search_steps(q)
+    }
+
     fn trajectories_of_sessions(&self, sessions: &[String]) -> Result<Vec<Vec<(i64, TrajectorySummary)>>, StoreError> {
         let display = self.display.clone();
         let keys = sessions.to_vec();
