@@ -13,6 +13,7 @@
 
 pub mod data;
 mod diff;
+pub mod search;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -241,6 +242,10 @@ impl Viewer {
                 );
                 self.read(move |r, _| data::compare(r, &a, &b)).await
             }
+            ["api", "search"] => match search::query(&q) {
+                Ok(query) => self.read(move |r, _| search::answer(r, &query).map(Some)).await,
+                Err(e) => json_response(StatusCode::BAD_REQUEST, &json!({ "error": e.to_string() })),
+            },
             ["api", "export", format] => self.export(format, q.get("session").cloned()),
             ["api", "events"] => self.events(),
             // llmtap's own metrics: the same collection of the same instruments as /metrics.

@@ -8,7 +8,7 @@
 //! trigrams, so a query of only such text (CJK) is checked row by row instead of through the index.
 
 use super::{PgStore, StoreError, db_error};
-use crate::store::search::{SearchHit, SearchQuery, hit};
+use crate::store::search::{DocColumns, SearchHit, SearchQuery, hit};
 
 type Param = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
 
@@ -36,7 +36,7 @@ impl PgStore {
                 cond.push(format!("d.text LIKE {}", param(Box::new(contains(t)))));
             }
             if let Some(m) = &q.model {
-                cond.push(format!("starts_with(d.model, {})", param(Box::new(m.clone()))));
+                cond.push(format!("strpos(d.model, {}) > 0", param(Box::new(m.clone()))));
             }
             if let Some(a) = &q.agent {
                 cond.push(format!("d.agent = {}", param(Box::new(a.clone()))));
@@ -58,7 +58,8 @@ impl PgStore {
             }
             let limit = param(Box::new(i64::from(q.limit)));
             let sql = format!(
-                "SELECT s.step_id, s.body, d.session_key FROM search_docs d JOIN steps s ON s.step_id = d.step_id
+                "SELECT s.step_id, s.body, d.session_key, d.model, d.agent, d.error, d.cost_usd, d.started_us
+                 FROM search_docs d JOIN steps s ON s.step_id = d.step_id
                  WHERE {} ORDER BY d.started_us DESC, d.step_id DESC LIMIT {limit}",
                 cond.join(" AND ")
             );
@@ -69,16 +70,26 @@ impl PgStore {
             let rows = c.query(&sql, &refs).await.map_err(|e| db_error(&display, e))?;
             Ok(rows
                 .iter()
-                .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1), r.get::<_, String>(2)))
+                .map(|r| {
+                    let doc = DocColumns {
+                        session_key: r.get(2),
+                        model: r.get(3),
+                        agent: r.get(4),
+                        error: r.get(5),
+                        cost_usd: r.get(6),
+                        started_us: r.get(7),
+                    };
+                    (r.get::<_, String>(0), r.get::<_, String>(1), doc)
+                })
                 .collect::<Vec<_>>())
         })?;
         let mut hits = Vec::new();
-        for (id, body, session) in rows {
+        for (id, body, doc) in rows {
             let step = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
                 id,
                 what: e.to_string(),
             })?;
-            hits.extend(hit(step, session, &terms));
+            hits.extend(hit(step, doc, &terms));
         }
         Ok(hits)
     }

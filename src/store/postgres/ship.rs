@@ -38,6 +38,8 @@ struct StepRow {
     /// What search reads of the step (`store::search`).
     search: DocColumns,
     text: String,
+    /// A user's step: the id of the step answering it, whose columns it takes when the batch holds it.
+    answer: Option<String>,
 }
 
 struct PartRow {
@@ -103,7 +105,8 @@ impl ShipBatch {
                 trace_id: s.provider_trace_id.clone(),
                 started_us,
                 body: json("step", s)?,
-                search: DocColumns::of(s),
+                search: DocColumns::of(s, None),
+                answer: crate::store::search::answer_id(s),
                 text: crate::store::search::text::indexed_text(s),
             },
         );
@@ -305,11 +308,23 @@ async fn upsert_search(
         return Ok(());
     }
     let ids: Vec<&str> = rows.iter().map(|(id, _)| id.as_str()).collect();
+    // A user's step takes the filters' columns of the call that answered it (`DocColumns::of`).
+    fn call<'a>(steps: &'a BTreeMap<String, StepRow>, r: &'a StepRow) -> &'a DocColumns {
+        r.answer
+            .as_ref()
+            .and_then(|a| steps.get(a))
+            .filter(|a| a.role == "agent")
+            .map_or(&r.search, |a| &a.search)
+    }
+    let call = |r| call(steps, r);
     let keys: Vec<&str> = rows.iter().map(|(_, r)| r.search.session_key.as_str()).collect();
-    let models: Vec<Option<&str>> = rows.iter().map(|(_, r)| r.search.model.as_deref()).collect();
-    let agents: Vec<Option<&str>> = rows.iter().map(|(_, r)| r.search.agent.as_deref()).collect();
-    let errors: Vec<bool> = rows.iter().map(|(_, r)| r.search.error).collect();
-    let costs: Vec<Option<f64>> = rows.iter().map(|(_, r)| r.search.cost_usd).collect();
+    let models: Vec<Option<&str>> = rows.iter().map(|(_, r)| call(r).model.as_deref()).collect();
+    let agents: Vec<Option<&str>> = rows
+        .iter()
+        .map(|(_, r)| r.search.agent.as_deref().or(call(r).agent.as_deref()))
+        .collect();
+    let errors: Vec<bool> = rows.iter().map(|(_, r)| call(r).error).collect();
+    let costs: Vec<Option<f64>> = rows.iter().map(|(_, r)| call(r).cost_usd).collect();
     let starts: Vec<i64> = rows.iter().map(|(_, r)| r.search.started_us).collect();
     let traced: Vec<bool> = rows.iter().map(|(_, r)| r.trace_id.is_some()).collect();
     let texts: Vec<&str> = rows.iter().map(|(_, r)| r.text.as_str()).collect();

@@ -102,14 +102,40 @@ struct Doc {
 }
 
 impl Doc {
-    fn of(seq: i64, step: &Step) -> Doc {
+    /// `call`: the step answering a user's step (see [`DocColumns::of`]).
+    fn of(seq: i64, step: &Step, call: Option<&Step>) -> Doc {
         Doc {
             seq,
             step_id: step.step_id.clone(),
-            columns: DocColumns::of(step),
+            columns: DocColumns::of(step, call),
             text: indexed_text(step),
         }
     }
+}
+
+/// The step with id `step_id`, when it is stored and decodes.
+fn stored_step(conn: &Connection, step_id: &str) -> Result<Option<Step>, StoreError> {
+    let Some(trajectory) = trajectory_of_step(step_id) else {
+        return Ok(None);
+    };
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT s.step_id, s.body FROM steps s WHERE {} AND s.step_id = ?2",
+        rows_of("s", "?1")
+    ))?;
+    let mut rows = stmt.query(params![trajectory, step_id])?;
+    Ok(match rows.next()? {
+        Some(row) => step_from_row::<Step>(row).ok(),
+        None => None,
+    })
+}
+
+/// A document for `step`, with the call that answered it when it is a user's step.
+fn doc(conn: &Connection, seq: i64, step: &Step) -> Result<Doc, StoreError> {
+    let call = match super::answer_id(step) {
+        Some(id) => stored_step(conn, &id)?,
+        None => None,
+    };
+    Ok(Doc::of(seq, step, call.as_ref()))
 }
 
 /// Index the next steps behind the cursor (new ones, then rewritten ones), at most [`BATCH`] of each, in one
@@ -122,6 +148,7 @@ pub fn index_pass(conn: &Connection) -> Result<usize, StoreError> {
         .unwrap_or((0, 0));
     // Read (and decode) before taking the write lock: the transaction only writes.
     let mut docs = Vec::new();
+    let mut steps = Vec::new();
     let mut new_steps = 0;
     let mut last_step = steps_seq;
     {
@@ -132,7 +159,7 @@ pub fn index_pass(conn: &Connection) -> Result<usize, StoreError> {
             last_step = row.get(2)?;
             // A step that does not decode is skipped (its reads fail too), not retried forever.
             if let Ok(step) = step_from_row::<Step>(row) {
-                docs.push(Doc::of(last_step, &step));
+                steps.push((last_step, step));
             }
         }
     }
@@ -160,13 +187,16 @@ pub fn index_pass(conn: &Connection) -> Result<usize, StoreError> {
                 if at <= last_step
                     && let Ok(s) = step_from_row::<Step>(row)
                 {
-                    docs.push(Doc::of(at, &s));
+                    steps.push((at, s));
                 }
             }
         }
     }
     if last_step == steps_seq && last_log == log_seq {
         return Ok(0);
+    }
+    for (seq, step) in &steps {
+        docs.push(doc(conn, *seq, step)?);
     }
     // The write lock now, not at the first write: a busy answer then comes before any work is done.
     let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;

@@ -16,13 +16,13 @@ pub mod text;
 
 pub use text::{Field, Piece, Terms, TermsError};
 
-use crate::model::step::Step;
+use crate::model::step::{Step, StepRole};
 
 /// What to search for. Filters combine with AND.
 #[derive(Debug, Clone)]
 pub struct SearchQuery {
     pub terms: Terms,
-    /// Steps whose model starts with this.
+    /// Steps whose model (`upstream/model`, e.g. `openai/gpt-4o-2024-08-06`) contains this.
     pub model: Option<String>,
     /// Steps of this agent.
     pub agent: Option<String>,
@@ -87,15 +87,22 @@ pub(crate) struct DocColumns {
 }
 
 impl DocColumns {
-    pub fn of(step: &Step) -> DocColumns {
+    /// The columns of `step`. A user's step has no call of its own: `call`, the agent step that answered it
+    /// (the next step of its trajectory), lends it its model, cost and error, so the filters find a prompt by
+    /// the call it went to.
+    pub fn of(step: &Step, call: Option<&Step>) -> DocColumns {
         use rust_decimal::prelude::ToPrimitive;
         let micros = |s: &str| chrono::DateTime::parse_from_rfc3339(s).ok().map(|t| t.timestamp_micros());
+        let from = match call {
+            Some(c) if step.role != StepRole::Agent && c.role == StepRole::Agent => c,
+            _ => step,
+        };
         DocColumns {
             session_key: step.session_id.clone().unwrap_or_else(|| step.trajectory_id.clone()),
-            model: step.model.clone(),
-            agent: step.agent.clone(),
-            error: text::has_error(step),
-            cost_usd: step.cost_usd.as_ref().and_then(|c| c.total.to_f64()),
+            model: from.model.clone(),
+            agent: step.agent.clone().or_else(|| from.agent.clone()),
+            error: text::has_error(from),
+            cost_usd: from.cost_usd.as_ref().and_then(|c| c.total.to_f64()),
             started_us: step
                 .timings
                 .as_ref()
@@ -106,20 +113,26 @@ impl DocColumns {
     }
 }
 
-/// A matched step as a hit; None when its text (read back now) no longer holds the terms, e.g. a step rewritten
-/// after it was indexed and not yet indexed again.
-pub(crate) fn hit(step: Step, session_key: String, terms: &Terms) -> Option<SearchHit> {
+/// The id of the step that answers `step` when it is a user's step: the next one of its trajectory.
+pub fn answer_id(step: &Step) -> Option<String> {
+    (step.role != StepRole::Agent).then(|| format!("{}/{}", step.trajectory_id, step.step_index + 1))
+}
+
+/// A matched step as a hit, with the filters' columns its index row holds (a user's step: its call's); None when
+/// its text (read back now) holds none of the terms, e.g. a step rewritten since it was indexed.
+pub(crate) fn hit(step: Step, doc: DocColumns, terms: &Terms) -> Option<SearchHit> {
     let (field, snippet) = text::snippet(&step, terms)?;
+    let cost = step.cost_usd.map(|c| c.total.to_string());
     Some(SearchHit {
-        session_id: session_key,
-        error: text::has_error(&step),
+        session_id: doc.session_key,
+        error: doc.error,
         call_id: step.provider_trace_id,
         step_index: step.step_index,
         role: step.role.as_str(),
-        model: step.model,
-        agent: step.agent,
+        model: doc.model,
+        agent: doc.agent,
         timestamp: step.timestamp,
-        cost_usd: step.cost_usd.map(|c| c.total.to_string()),
+        cost_usd: cost.or_else(|| doc.cost_usd.map(|c| c.to_string())),
         trajectory_id: step.trajectory_id,
         step_id: step.step_id,
         field,

@@ -54,7 +54,7 @@ impl StoreReader {
         }
         if let Some(m) = &q.model {
             let p = param(SqlValue::Text(m.clone()), &mut params);
-            cond.push(format!("substr(d.model, 1, length({p})) = {p}"));
+            cond.push(format!("instr(d.model, {p}) > 0"));
         }
         if let Some(a) = &q.agent {
             let p = param(SqlValue::Text(a.clone()), &mut params);
@@ -86,7 +86,7 @@ impl StoreReader {
             format!("WHERE {}", cond.join(" AND "))
         };
         let sql = format!(
-            "SELECT s.step_id, s.body, d.session_key FROM {from} JOIN steps s ON s.seq = d.seq {filter}
+            "SELECT s.step_id, s.body, d.session_key, d.model, d.agent, d.error, d.cost_usd, d.started_us FROM {from} JOIN steps s ON s.seq = d.seq {filter}
              ORDER BY d.started_us DESC, d.step_id DESC LIMIT {limit}"
         );
         let mut stmt = self.conn.prepare(&sql)?;
@@ -94,7 +94,15 @@ impl StoreReader {
         let mut hits = Vec::new();
         while let Some(row) = rows.next()? {
             let step = step_from_row(row)?;
-            if let Some(h) = super::hit(step, row.get(2)?, &q.terms) {
+            let doc = super::DocColumns {
+                session_key: row.get(2)?,
+                model: row.get(3)?,
+                agent: row.get(4)?,
+                error: row.get(5)?,
+                cost_usd: row.get(6)?,
+                started_us: row.get(7)?,
+            };
+            if let Some(h) = super::hit(step, doc, &q.terms) {
                 hits.push(h);
             }
         }
