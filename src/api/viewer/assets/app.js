@@ -519,7 +519,7 @@ async function searchPage(params) {
   const r = await fetch('api/search?' + q.toString(), { credentials: 'same-origin' });
   const res = await r.json();
   if (!r.ok) { status.textContent = res.error || String(r.status); status.className = 'err'; main.dataset.ready = '1'; return; }
-  status.textContent = res.hits.length ? num(res.hits.length) + (res.hits.length >= res.limit ? '+' : '') + ' steps, newest first' : 'No step matches.';
+  status.textContent = res.hits.length ? num(res.hits.length) + (res.hits.length >= res.limit ? '+' : '') + (res.hits.length === 1 ? ' step' : ' steps') + ', newest first' : 'No step matches.';
   list.replaceChildren(...res.hits.map(hitView));
   main.dataset.ready = '1';
 }
