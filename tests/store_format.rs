@@ -229,7 +229,7 @@ async fn a_v8_store_is_upgraded_in_place_and_reads_as_before() {
     assert_eq!(after, before);
     let db = open_store_db(dir.path());
     let version: i64 = db.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
-    assert_eq!(version, 11, "upgraded to the current schema (v11: the ship log)");
+    assert_eq!(version, 12, "upgraded to the current schema (v12: search)");
     let own = rows_naming_their_own_session(&db);
     assert_eq!(own, 0);
     let indexes: Vec<String> = db

@@ -45,7 +45,11 @@ async fn wait_for_hits(client: &Client, tap: &Llmtap, params: &[(&str, &str)], n
         if found.len() >= n {
             return found;
         }
-        assert!(Instant::now() < deadline, "{params:?} found {} of {n}: {found:#?}", found.len());
+        assert!(
+            Instant::now() < deadline,
+            "{params:?} found {} of {n}: {found:#?}",
+            found.len()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -110,7 +114,14 @@ async fn send_corpus(client: &Client, tap: &Llmtap) -> (usize, String) {
     }
     let (openai, anthropic, refused) = (recording("openai"), recording("anthropic"), recording("error"));
     ask(client, tap, &openai, "scout", "東京タワーの高さは何メートルですか").await;
-    ask(client, tap, &anthropic, "chef", "Wie schmeckt die Crème brûlée in Zürich?").await;
+    ask(
+        client,
+        tap,
+        &anthropic,
+        "chef",
+        "Wie schmeckt die Crème brûlée in Zürich?",
+    )
+    .await;
     ask(client, tap, &openai, "chef", "A crème brûlée recipe, please").await;
     ask(client, tap, &refused, "chef", "A failing crème brûlée call").await;
     tap.wait_for_traces(agent.len() + 4);
@@ -154,7 +165,11 @@ async fn search_api_filters_by_model_agent_errors_cost_and_time_and_finds_non_en
     // Model (part of `upstream/model`): a user's step goes by the call that answered it.
     let claude = hits(&client, &tap, &[("q", "brûlée"), ("model", "anthropic/")]).await;
     assert_eq!(claude.len(), 2, "{claude:#?}");
-    assert!(claude.iter().all(|h| h["model"].as_str().unwrap().starts_with("anthropic/")));
+    assert!(
+        claude
+            .iter()
+            .all(|h| h["model"].as_str().unwrap().starts_with("anthropic/"))
+    );
     let openai = hits(&client, &tap, &[("q", "brûlée"), ("model", "openai/")]).await;
     assert_eq!(openai.len(), 2, "{openai:#?}");
     let mut all = ids(&claude);
@@ -171,7 +186,9 @@ async fn search_api_filters_by_model_agent_errors_cost_and_time_and_finds_non_en
     assert_eq!(failed[0]["error"], true);
     let step_errors = hits(&client, &tap, &[("q", "api key"), ("errors", "1")]).await;
     assert!(
-        step_errors.iter().any(|h| h["field"] == "error" && h["role"] == "agent"),
+        step_errors
+            .iter()
+            .any(|h| h["field"] == "error" && h["role"] == "agent"),
         "{step_errors:#?}"
     );
 
@@ -187,7 +204,10 @@ async fn search_api_filters_by_model_agent_errors_cost_and_time_and_finds_non_en
     let mid = ((low + high) / 2.0).to_string();
     let dear = hits(&client, &tap, &[("q", "brûlée"), ("min_cost", &mid)]).await;
     assert!(!dear.is_empty());
-    assert!(dear.iter().all(|h| h["cost_usd"].as_str().unwrap().parse::<f64>().unwrap() > low));
+    assert!(
+        dear.iter()
+            .all(|h| h["cost_usd"].as_str().unwrap().parse::<f64>().unwrap() > low)
+    );
     let cheap = hits(&client, &tap, &[("q", "brûlée"), ("max_cost", &mid)]).await;
     assert!(!cheap.is_empty());
     assert_eq!(dear.len() + cheap.len(), priced.len(), "{dear:#?} {cheap:#?}");
@@ -196,7 +216,10 @@ async fn search_api_filters_by_model_agent_errors_cost_and_time_and_finds_non_en
     let later = hits(&client, &tap, &[("q", "brûlée"), ("since", &split)]).await;
     assert_eq!(later.len(), 1, "{later:#?}");
     assert_eq!(marks(&later[0]), ["BRÛLÉE"]);
-    assert_eq!(hits(&client, &tap, &[("q", "brûlée"), ("until", &split)]).await.len(), 3);
+    assert_eq!(
+        hits(&client, &tap, &[("q", "brûlée"), ("until", &split)]).await.len(),
+        3
+    );
 
     // A phrase from a tool result: the agent step that received it.
     let tool = hits(&client, &tap, &[("q", TOOL_PHRASE)]).await;
@@ -244,7 +267,11 @@ async fn the_same_search_answers_the_same_from_the_shared_postgresql_store() {
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while delivered() < sent {
-        assert!(Instant::now() < deadline, "PostgreSQL holds {} of {sent} calls", delivered());
+        assert!(
+            Instant::now() < deadline,
+            "PostgreSQL holds {} of {sent} calls",
+            delivered()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(tap.terminate().success());
@@ -259,16 +286,17 @@ async fn the_same_search_answers_the_same_from_the_shared_postgresql_store() {
             if l == s && !l.is_empty() {
                 break;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{q:?}: local {l:#?}\nshared {s:#?}"
-            );
+            assert!(Instant::now() < deadline, "{q:?}: local {l:#?}\nshared {s:#?}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
     // The trigram index exists (pg_trgm is there) and is what a search query uses.
     assert_eq!(
-        pg.psql(&url, "SELECT count(*) FROM pg_indexes WHERE indexname = 'search_docs_text'").trim(),
+        pg.psql(
+            &url,
+            "SELECT count(*) FROM pg_indexes WHERE indexname = 'search_docs_text'"
+        )
+        .trim(),
         "1"
     );
     // Not vacuous: the shared store found steps of every kind.
@@ -307,9 +335,10 @@ async fn chromium_finds_a_phrase_from_a_tool_result_and_opens_its_step() {
         .into_iter()
         .flat_map(|(t, steps)| steps.into_iter().map(move |s| (t.clone(), s)))
         .find(|(_, s)| {
-            s["observations"]
-                .as_array()
-                .is_some_and(|o| o.iter().any(|o| o["content"].as_str().is_some_and(|c| c.contains(TOOL_PHRASE))))
+            s["observations"].as_array().is_some_and(|o| {
+                o.iter()
+                    .any(|o| o["content"].as_str().is_some_and(|c| c.contains(TOOL_PHRASE)))
+            })
         })
         .expect("a step received the tool result");
     let step_id = step["step_id"].as_str().unwrap().to_owned();
@@ -320,7 +349,7 @@ async fn chromium_finds_a_phrase_from_a_tool_result_and_opens_its_step() {
     wait_for_hits(&client, &tap, &[("q", "bold needle")], 1).await;
 
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
-    let out = Command::new("node")
+    let mut node = Command::new("node")
         .arg(browser_dir().join("search.mjs"))
         .arg(format!("http://{}/", tap.viewer_addr.unwrap()))
         .arg(&phrase)
@@ -332,18 +361,22 @@ async fn chromium_finds_a_phrase_from_a_tool_result_and_opens_its_step() {
         .spawn()
         .unwrap();
     let mut report = None;
-    for line in BufReader::new(out.stdout.unwrap()).lines() {
+    for line in BufReader::new(node.stdout.take().unwrap()).lines() {
         if let Some(r) = line.unwrap().strip_prefix("REPORT ") {
             report = Some(serde_json::from_str::<Value>(r).unwrap());
         }
     }
+    assert!(node.wait().unwrap().success());
     let report = report.expect("the browser script reported");
     assert!(report.get("error").is_none(), "{report:#}");
     assert_eq!(report["console_errors"], json!([]), "{report:#}");
     assert_eq!(report["dialogs"], json!([]), "{report:#}");
 
     // The results page lists the step with the phrase marked in its snippet.
-    assert!(report["hash"].as_str().unwrap().starts_with("#/search?q="), "{report:#}");
+    assert!(
+        report["hash"].as_str().unwrap().starts_with("#/search?q="),
+        "{report:#}"
+    );
     let listed = report["hits"].as_array().unwrap();
     let hit = listed
         .iter()

@@ -42,7 +42,12 @@ impl Words {
             format!("{}{}", SYLLABLES[i / 16], SYLLABLES[i % 16])
         } else {
             let i = i - 256;
-            format!("{}{}{}", SYLLABLES[i / 256], SYLLABLES[(i / 16) % 16], SYLLABLES[i % 16])
+            format!(
+                "{}{}{}",
+                SYLLABLES[i / 256],
+                SYLLABLES[(i / 16) % 16],
+                SYLLABLES[i % 16]
+            )
         }
     }
 
@@ -58,8 +63,11 @@ impl Words {
 }
 
 fn exchange(words: &mut Words, conv: usize, turn: usize, t: i64) -> RawExchange {
-    let prompt = if conv % 7 == 0 {
-        format!("東京タワーの近くで会議があります。チケット{conv}の件を調べてください。{}", words.text(10))
+    let prompt = if conv.is_multiple_of(7) {
+        format!(
+            "東京タワーの近くで会議があります。チケット{conv}の件を調べてください。{}",
+            words.text(10)
+        )
     } else {
         format!("Ticket {conv}: {}", words.text(25))
     };
@@ -70,8 +78,10 @@ fn exchange(words: &mut Words, conv: usize, turn: usize, t: i64) -> RawExchange 
     let mut inner = Words(((conv as u64) << 8 | 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     for k in 0..turn {
         let id = format!("call_{conv}_{k}");
-        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
-            "function": {"name": "search_logs", "arguments": format!("{{\"query\":\"{}\"}}", inner.text(3))}}]}));
+        messages.push(
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": "search_logs", "arguments": format!("{{\"query\":\"{}\"}}", inner.text(3))}}]}),
+        );
         messages.push(json!({"role": "tool", "tool_call_id": id, "content": inner.text(120)}));
     }
     let request = json!({"model": "gpt-4o", "messages": messages});
@@ -80,7 +90,7 @@ fn exchange(words: &mut Words, conv: usize, turn: usize, t: i64) -> RawExchange 
         json!({"error": {"message": format!("upstream overloaded: {}", words.text(5)), "type": "server_error"}})
     } else {
         json!({"id": format!("chatcmpl-{conv}-{turn}"), "object": "chat.completion", "created": 1,
-            "model": if conv % 2 == 0 { "gpt-4o-2024-08-06" } else { "gpt-4o-mini-2024-07-18" },
+            "model": if conv.is_multiple_of(2) { "gpt-4o-2024-08-06" } else { "gpt-4o-mini-2024-07-18" },
             "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant",
                 "content": words.text(30),
                 "tool_calls": [{"id": format!("call_{conv}_{turn}"), "type": "function",
@@ -173,7 +183,9 @@ fn measure(dir: &std::path::Path, calls: usize) -> Result<(), llmtap::store::Sto
     let indexing = t1.elapsed();
     conn.pragma_update(None, "wal_checkpoint", "TRUNCATE")?;
     let docs: i64 = conn.query_row("SELECT COUNT(*) FROM search_docs", [], |r| r.get(0))?;
-    let text: i64 = conn.query_row("SELECT COALESCE(SUM(length(text)), 0) FROM search_docs", [], |r| r.get(0))?;
+    let text: i64 = conn.query_row("SELECT COALESCE(SUM(length(text)), 0) FROM search_docs", [], |r| {
+        r.get(0)
+    })?;
     let after = size(dir);
     println!(
         "search: {calls} calls stored in {:.1} s ({:.1} MB); {docs} steps indexed in {:.1} s ({:.0} steps/s, {passes} \
@@ -198,7 +210,10 @@ fn measure(dir: &std::path::Path, calls: usize) -> Result<(), llmtap::store::Sto
         (format!("a rare word ({rare})"), query(&rare)),
         (format!("a medium word ({medium})"), query(&medium)),
         (format!("a common word ({common})"), query(&common)),
-        (format!("two words ({medium} {common})"), query(&format!("{medium} {common}"))),
+        (
+            format!("two words ({medium} {common})"),
+            query(&format!("{medium} {common}")),
+        ),
         (format!("a phrase (\"{ticket}:\")"), query(&format!("\"{ticket}:\""))),
         ("Japanese, 5 characters (東京タワー)".into(), query("東京タワー")),
         ("Japanese, 2 characters (会議: a scan)".into(), query("会議")),
@@ -212,10 +227,7 @@ fn measure(dir: &std::path::Path, calls: usize) -> Result<(), llmtap::store::Sto
         ),
         (
             "\"overloaded\", errors only".into(),
-            query("overloaded").map(|q| SearchQuery {
-                errors_only: true,
-                ..q
-            }),
+            query("overloaded").map(|q| SearchQuery { errors_only: true, ..q }),
         ),
         (
             "a common word, cost ≥ $0.003".to_owned(),

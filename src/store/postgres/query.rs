@@ -79,7 +79,10 @@ impl PgStore {
 }
 
 impl Query for PgStore {
-    fn search(&self, q: &crate::store::search::SearchQuery) -> Result<Vec<crate::store::search::SearchHit>, StoreError> {
+    fn search(
+        &self,
+        q: &crate::store::search::SearchQuery,
+    ) -> Result<Vec<crate::store::search::SearchHit>, StoreError> {
         self.search_steps(q)
     }
 

@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 
 use super::{StoreError, db_error, doc};
-use crate::store::search::DocColumns;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
+use crate::store::search::DocColumns;
 
 /// A batch encoded for the shared store, built on a blocking thread (compression, JSON) so that the store's
 /// runtime only sends.

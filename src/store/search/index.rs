@@ -4,9 +4,10 @@
 //! Why not the store writer: indexing a step costs about as much as storing it (the trigram index writes an
 //! entry per distinct three-character sequence), and the writer's cost per exchange is what bounds the lossless
 //! capture rate. Here the writer does no search work at all; the indexer waits while the data path needs the
-//! CPU (`background::YieldToDataPath`) and catches up afterwards, so search lags behind capture under load
-//! instead of capture losing to search. Its transactions are short (one batch of [`BATCH`] steps), so the
-//! writer, when it finds the lock taken, waits milliseconds (its busy timeout is seconds).
+//! CPU (`background::YieldToDataPath`) or the writer has records waiting (`llmtap_store_pending`), and catches
+//! up afterwards, so search lags behind capture under load instead of capture losing to search. Its
+//! transactions are short (one batch of [`BATCH`] steps), so a writer that still finds the lock taken waits
+//! milliseconds (its busy timeout is seconds).
 //!
 //! The cursor (`search_state`) has two positions: `steps.seq` for new steps, and `export_log.seq` for the
 //! `tools` entries the writer logs when an agent step is rewritten with its tool results (the step keeps its
@@ -32,6 +33,8 @@ use crate::telemetry::Metrics;
 pub const BATCH: usize = 128;
 /// How often an idle indexer looks for new steps: search results lag capture by about this much.
 const POLL: Duration = Duration::from_millis(250);
+/// How long the indexer waits before looking again when the store writer had records waiting.
+const WRITER_BUSY: Duration = Duration::from_millis(20);
 
 /// The running indexer; [`Indexer::stop`] ends it.
 pub struct Indexer {
@@ -69,8 +72,13 @@ fn run(conn: Connection, stop: Receiver<()>, metrics: Arc<Metrics>) {
     let mut yielding = crate::background::YieldToDataPath::default();
     let wait = |d: Duration| !matches!(stop.recv_timeout(d), Err(RecvTimeoutError::Timeout));
     loop {
-        // Nothing is lost by waiting: the cursor stays where it is.
-        if let Some(d) = yielding.pause(|| true) {
+        // Nothing is lost by waiting: the cursor stays where it is. The indexer waits while the proxy needs the
+        // CPU, and while the store writer has records waiting: its transactions would take the lock the writer
+        // is about to ask for (the writer then sleeps in its busy handler), and capture comes first.
+        let pause = yielding
+            .pause(|| true)
+            .or_else(|| (metrics.store_pending.get() > 0).then_some(WRITER_BUSY));
+        if let Some(d) = pause {
             if wait(d) {
                 return;
             }
@@ -86,7 +94,8 @@ fn run(conn: Connection, stop: Receiver<()>, metrics: Arc<Metrics>) {
                 true
             }
         };
-        if (idle && wait(POLL)) || (!idle && matches!(stop.try_recv(), Err(std::sync::mpsc::TryRecvError::Disconnected)))
+        if (idle && wait(POLL))
+            || (!idle && matches!(stop.try_recv(), Err(std::sync::mpsc::TryRecvError::Disconnected)))
         {
             return;
         }
@@ -152,7 +161,8 @@ pub fn index_pass(conn: &Connection) -> Result<usize, StoreError> {
     let mut new_steps = 0;
     let mut last_step = steps_seq;
     {
-        let mut stmt = conn.prepare_cached("SELECT step_id, body, seq FROM steps WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
+        let mut stmt =
+            conn.prepare_cached("SELECT step_id, body, seq FROM steps WHERE seq > ?1 ORDER BY seq LIMIT ?2")?;
         let mut rows = stmt.query(params![steps_seq, BATCH as i64])?;
         while let Some(row) = rows.next()? {
             new_steps += 1;
@@ -179,7 +189,9 @@ pub fn index_pass(conn: &Connection) -> Result<usize, StoreError> {
         for (seq, step_id) in refs {
             rewritten += 1;
             last_log = seq;
-            let Some(trajectory) = trajectory_of_step(&step_id) else { continue };
+            let Some(trajectory) = trajectory_of_step(&step_id) else {
+                continue;
+            };
             let mut rows = step.query(params![trajectory, step_id])?;
             if let Some(row) = rows.next()? {
                 let at: i64 = row.get(2)?;
@@ -258,10 +270,10 @@ mod tests {
             let tc = tool_call(&id, "read_file", json!({ "path": format!("docs/file_{i}.md") }));
             let t = trace(h.api, h.now, h.now + 1_000_000);
             h.now += 2_000_000;
-            records.extend(
-                h.deriver
-                    .observe(t, Some(call("agent", messages.clone(), calls_out(std::slice::from_ref(&tc))))),
-            );
+            records.extend(h.deriver.observe(
+                t,
+                Some(call("agent", messages.clone(), calls_out(std::slice::from_ref(&tc)))),
+            ));
             messages.push(calls(&[tc]));
             messages.push(result(&id, c));
         }
@@ -278,7 +290,12 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"))
             .into_iter()
             .map(|h| {
-                let hits = h.snippet.iter().filter(|p| p.hit).map(|p| p.text.as_str()).collect::<Vec<_>>();
+                let hits = h
+                    .snippet
+                    .iter()
+                    .filter(|p| p.hit)
+                    .map(|p| p.text.as_str())
+                    .collect::<Vec<_>>();
                 let hits = hits.join("|");
                 (h.step_id, h.field, hits)
             })

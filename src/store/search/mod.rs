@@ -92,7 +92,11 @@ impl DocColumns {
     /// the call it went to.
     pub fn of(step: &Step, call: Option<&Step>) -> DocColumns {
         use rust_decimal::prelude::ToPrimitive;
-        let micros = |s: &str| chrono::DateTime::parse_from_rfc3339(s).ok().map(|t| t.timestamp_micros());
+        let micros = |s: &str| {
+            chrono::DateTime::parse_from_rfc3339(s)
+                .ok()
+                .map(|t| t.timestamp_micros())
+        };
         let from = match call {
             Some(c) if step.role != StepRole::Agent && c.role == StepRole::Agent => c,
             _ => step,

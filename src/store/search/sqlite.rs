@@ -74,7 +74,9 @@ impl StoreReader {
             } else {
                 // `+`: not by key (that would read every match), but checked as the index walk meets each row.
                 let p = param(SqlValue::Text(matching), &mut params);
-                cond.push(format!("+d.seq IN (SELECT rowid FROM search_fts WHERE search_fts MATCH {p})"));
+                cond.push(format!(
+                    "+d.seq IN (SELECT rowid FROM search_fts WHERE search_fts MATCH {p})"
+                ));
             }
         }
         for t in q.terms.as_slice() {
@@ -138,7 +140,10 @@ mod tests {
     fn a_term_narrows_by_its_trigrams_spread_over_it() {
         let t = |s: &str| s.to_owned();
         assert_eq!(trigram_query(&[&t("abcd")]), "\"abc\" AND \"bcd\"");
-        assert_eq!(trigram_query(&[&t("a\"bc"), &t("abc")]), "\"a\"\"b\" AND \"\"\"bc\" AND \"abc\"");
+        assert_eq!(
+            trigram_query(&[&t("a\"bc"), &t("abc")]),
+            "\"a\"\"b\" AND \"\"\"bc\" AND \"abc\""
+        );
         let long = "x".repeat(5) + &"東京タワー".repeat(20);
         let q = trigram_query(&[&long]);
         assert!(q.split(" AND ").count() <= TRIGRAMS_PER_TERM + 1, "{q}");

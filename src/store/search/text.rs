@@ -292,7 +292,10 @@ mod tests {
 
     #[test]
     fn a_snippet_marks_every_term_in_the_field_of_the_first_match_and_keeps_the_original_text() {
-        let s = step("Reading the file.", "fn main() {\n    println!(\"Grüße aus 東京タワー\");\n}");
+        let s = step(
+            "Reading the file.",
+            "fn main() {\n    println!(\"Grüße aus 東京タワー\");\n}",
+        );
         let t = Terms::parse("GRÜSSE 東京 \"grüße aus\"").unwrap_or_else(|e| panic!("{e}"));
         let (field, pieces) = snippet(&s, &t).unwrap_or_else(|| panic!("a match"));
         assert_eq!(field, Field::ToolResult);
@@ -301,7 +304,10 @@ mod tests {
         assert_eq!(hits, ["Grüße aus", "東京"]);
         let whole: String = pieces.iter().map(|p| p.text.as_str()).collect();
         assert!(whole.contains("println!(\"Grüße aus 東京タワー\")"), "{whole}");
-        assert_eq!(snippet(&s, &Terms::parse("absent").unwrap_or_else(|e| panic!("{e}"))), None);
+        assert_eq!(
+            snippet(&s, &Terms::parse("absent").unwrap_or_else(|e| panic!("{e}"))),
+            None
+        );
         // Tool arguments are searchable too.
         let (field, _) = snippet(&s, &Terms::parse("src/main.rs").unwrap_or_else(|e| panic!("{e}")))
             .unwrap_or_else(|| panic!("a match"));
