@@ -290,6 +290,20 @@ async fn the_same_search_answers_the_same_from_the_shared_postgresql_store() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+    // `llmtap search` reads through the same query, from either store.
+    let cli = |store: &[&str]| {
+        let mut c = llmtap_command();
+        c.args(["search", "crème", "--agent", "chef", "--json"]).args(store);
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let from_local = cli(&["--data-dir", dir.path().to_str().unwrap()]);
+    assert_eq!(from_local.lines().count(), 3, "{from_local}");
+    assert_eq!(
+        from_local,
+        cli(&["--store", &url, "--data-dir", empty.path().to_str().unwrap()])
+    );
     // The trigram index exists (pg_trgm is there) and is what a search query uses.
     assert_eq!(
         pg.psql(
