@@ -271,7 +271,7 @@ CREATE TABLE IF NOT EXISTS ship_log (
 /// search indexer thread writes them behind its cursor (`search_state`); a step's deletion (retention) takes its
 /// row and index entries with it. Trigram: any substring of three characters or more is found by the index,
 /// whatever the language (CJK text has no spaces between words); shorter terms are matched by a scan.
-/// `detail='none'`: the index keeps which rows hold a trigram, not where (about a third of the size); a term's
+/// `detail='none'`: the index keeps which rows hold a trigram, not where (no positions to store); a term's
 /// trigrams narrow the rows and `instr` over the text confirms the term (`search::sqlite`).
 const V12: &str = r#"
 CREATE TABLE IF NOT EXISTS search_docs (
