@@ -105,6 +105,10 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
         Some(feed.clone()),
     )
     .map_err(AppError::Thread)?;
+    // Search indexing follows the store on its own thread (`store::search::index`): without it, capture goes on.
+    let search_indexer = crate::store::search::index::Indexer::spawn(&config.data_dir, metrics.clone())
+        .map_err(|error| tracing::error!(%error, "Cannot start the search indexer; search will miss new steps"))
+        .ok();
 
     let pipeline_stop = CancellationToken::new();
     let (capture_tx, pipeline_thread, spill_thread) = if config.capture.enabled {
@@ -276,6 +280,9 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
             let _ = t.join();
         }
         let _ = store_thread.join();
+        if let Some(i) = search_indexer {
+            i.stop();
+        }
     });
     let _ = threads.await;
     // Everything is in the store now; exporters drain it within their deadline.

@@ -205,6 +205,38 @@ fn run(cli: Cli) -> Result<()> {
             limit,
             json,
         } => list_traces(store, select, limit, json)?,
+        Command::Search {
+            store,
+            query,
+            model,
+            agent,
+            errors,
+            since,
+            until,
+            min_cost,
+            max_cost,
+            limit,
+            json,
+        } => {
+            let select = Selection {
+                since,
+                until,
+                ..Selection::default()
+            };
+            let time = filter(&select, None)?;
+            let mut q = llmtap::store::search::SearchQuery::new(llmtap::store::search::Terms::parse(&query.join(" "))?);
+            q.model = model;
+            q.agent = agent;
+            q.errors_only = errors;
+            q.min_cost = min_cost;
+            q.max_cost = max_cost;
+            q.since_us = time.since_us;
+            q.until_us = time.until_us;
+            q.limit = limit.clamp(1, llmtap::store::search::SearchQuery::MAX_LIMIT);
+            let store = open_store(&store)?;
+            let hits = store.read(|reader| reader.search(&q))?;
+            llmtap::cli::search::write_hits(&mut std::io::stdout().lock(), &hits, json)?;
+        }
         Command::Export {
             store,
             select,

@@ -230,8 +230,8 @@ async fn a_v8_store_is_upgraded_in_place_and_reads_as_before() {
     let db = open_store_db(dir.path());
     let version: i64 = db.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
     assert_eq!(
-        version, 13,
-        "upgraded to the current schema (v12: the replays index, v13: annotations)"
+        version, 14,
+        "upgraded to the current schema (v12: the replays index, v13: annotations, v14: search)"
     );
     let own = rows_naming_their_own_session(&db);
     assert_eq!(own, 0);

@@ -2,6 +2,7 @@
 
 pub mod replay;
 pub mod run;
+pub mod search;
 pub mod sessions;
 pub mod tail;
 
@@ -76,6 +77,41 @@ pub enum Command {
         /// Also list side calls, titles, warmups and quota probes (folded into a count otherwise).
         #[arg(long)]
         all: bool,
+    },
+    /// Search the captured steps' text (prompts, outputs, tool arguments and results), newest first: every
+    /// word or "quoted phrase" must occur.
+    Search {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// What to find (quote a phrase: '"exact words"').
+        #[arg(required = true, num_args = 1..)]
+        query: Vec<String>,
+        /// Only steps whose model (`upstream/model`) contains this.
+        #[arg(long)]
+        model: Option<String>,
+        /// Only steps of this agent (x-llmtap-agent).
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only steps with an error (a failed call, a tool result flagged as one).
+        #[arg(long)]
+        errors: bool,
+        /// Only steps started at or after this RFC 3339 time.
+        #[arg(long)]
+        since: Option<String>,
+        /// Only steps started at or before this RFC 3339 time.
+        #[arg(long)]
+        until: Option<String>,
+        /// Only steps whose call cost at least this many US dollars.
+        #[arg(long)]
+        min_cost: Option<f64>,
+        /// Only steps whose call cost at most this many US dollars.
+        #[arg(long)]
+        max_cost: Option<f64>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// One JSON object per hit.
+        #[arg(long)]
+        json: bool,
     },
     /// List captured calls.
     Traces {

@@ -21,6 +21,7 @@ pub mod query;
 mod read;
 pub mod recent;
 mod schema;
+pub mod search;
 mod sql;
 mod write;
 

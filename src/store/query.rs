@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use super::browse::{CallHead, SessionHead, SessionQuery};
 use super::costs::{CostQuery, CostReport};
 use super::read::{SessionRow, StoreReader, TraceFilter};
+use super::search::{SearchHit, SearchQuery};
 use super::{StoreError, postgres::PgStore};
 use crate::model::annotation::Annotation;
 use crate::model::step::{Step, TrajectorySummary};
@@ -62,6 +63,10 @@ pub trait Query {
     /// The calls started in the report's range added up: in total, by day, model and agent, and the most
     /// expensive sessions (`store::costs`).
     fn cost_report(&self, q: &CostQuery) -> Result<CostReport, StoreError>;
+
+    /// Steps whose text (prompt, output, reasoning, tool arguments and results; see `store::search`) holds every
+    /// term of `q` and that pass its filters, newest first, each with a snippet around the match.
+    fn search(&self, q: &SearchQuery) -> Result<Vec<SearchHit>, StoreError>;
 
     /// [`session_trajectories`](Self::session_trajectories) of several sessions, in their order: a page of the
     /// sessions list in one read where the backend is a round trip away.
@@ -120,6 +125,9 @@ impl Query for StoreReader {
     }
     fn sessions(&self, filter: &TraceFilter) -> Result<Vec<SessionRow>, StoreError> {
         StoreReader::sessions(self, filter)
+    }
+    fn search(&self, q: &SearchQuery) -> Result<Vec<SearchHit>, StoreError> {
+        StoreReader::search(self, q)
     }
     fn for_each_trace(
         &self,

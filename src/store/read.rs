@@ -577,7 +577,7 @@ pub(super) fn step_text(id: &str, stored: SqlValue) -> Result<String, StoreError
 }
 
 /// A step, or a part of one (`T`), from (step_id, body).
-fn step_from_row<T: serde::de::DeserializeOwned>(row: &rusqlite::Row<'_>) -> Result<T, StoreError> {
+pub(super) fn step_from_row<T: serde::de::DeserializeOwned>(row: &rusqlite::Row<'_>) -> Result<T, StoreError> {
     let id: String = row.get(0)?;
     let body = step_text(&id, row.get(1)?)?;
     serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {

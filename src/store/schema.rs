@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use super::StoreError;
 
-pub const VERSION: i64 = 13;
+pub const VERSION: i64 = 14;
 
 const V1: &str = r#"
 CREATE TABLE IF NOT EXISTS traces (
@@ -293,6 +293,47 @@ CREATE INDEX IF NOT EXISTS annotations_trajectory ON annotations(trajectory_id) 
 CREATE INDEX IF NOT EXISTS annotations_label ON annotations(label) WHERE label IS NOT NULL;
 "#;
 
+/// v14: full-text search (`store::search`). `search_docs` holds one row per indexed step, keyed by the step's
+/// `seq`, with the filters' columns and the step's folded text (capped, `search::text`); `search_fts` is an FTS5
+/// trigram index over that text (external content: the text is kept once), kept in step by triggers. The
+/// search indexer thread writes them behind its cursor (`search_state`); a step's deletion (retention) takes its
+/// row and index entries with it. Trigram: any substring of three characters or more is found by the index,
+/// whatever the language (CJK text has no spaces between words); shorter terms are matched by a scan.
+/// `detail='none'`: the index keeps which rows hold a trigram, not where (no positions to store); a term's
+/// trigrams narrow the rows and `instr` over the text confirms the term (`search::sqlite`).
+const V14: &str = r#"
+CREATE TABLE IF NOT EXISTS search_docs (
+    seq           INTEGER PRIMARY KEY,
+    step_id       TEXT NOT NULL,
+    session_key   TEXT NOT NULL,
+    model         TEXT,
+    agent         TEXT,
+    error         INTEGER NOT NULL,
+    cost_usd      REAL,
+    started_us    INTEGER NOT NULL,
+    text          TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS search_docs_started ON search_docs(started_us, step_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS search_fts USING fts5(
+    text, content='search_docs', content_rowid='seq', tokenize='trigram case_sensitive 1', detail='none'
+);
+CREATE TRIGGER IF NOT EXISTS search_docs_added AFTER INSERT ON search_docs BEGIN
+    INSERT INTO search_fts (rowid, text) VALUES (new.seq, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS search_docs_removed AFTER DELETE ON search_docs BEGIN
+    INSERT INTO search_fts (search_fts, rowid, text) VALUES ('delete', old.seq, old.text);
+END;
+CREATE TRIGGER IF NOT EXISTS steps_search_removed AFTER DELETE ON steps BEGIN
+    DELETE FROM search_docs WHERE seq = old.seq;
+END;
+CREATE TABLE IF NOT EXISTS search_state (
+    id        INTEGER PRIMARY KEY CHECK (id = 1),
+    steps_seq INTEGER NOT NULL,
+    log_seq   INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO search_state (id, steps_seq, log_seq) VALUES (1, 0, 0);
+"#;
+
 pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > VERSION {
@@ -349,6 +390,9 @@ pub fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
     if version < 13 {
         conn.execute_batch(V13)?;
+    }
+    if version < 14 {
+        conn.execute_batch(V14)?;
     }
     if version < VERSION {
         conn.pragma_update(None, "user_version", VERSION)?;

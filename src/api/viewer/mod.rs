@@ -10,6 +10,7 @@ mod dashboard;
 pub mod data;
 mod diff;
 mod replay;
+pub mod search;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -105,6 +106,7 @@ impl Viewer {
             .route("/api/annotations", post(post_annotation))
             .route("/api/annotations/{id}", delete(delete_annotation))
             .route("/api/costs", get(costs))
+            .route("/api/search", get(search_steps))
             .route("/api/compare", get(compare))
             .route("/api/export/{format}", get(export))
             .route(
@@ -343,6 +345,13 @@ async fn costs(State(v): State<Arc<Viewer>>, RawQuery(q): RawQuery) -> Response<
     match dashboard::cost_query(&query_params(q.as_deref()), chrono::Utc::now().timestamp_micros()) {
         Ok(range) => v.read(move |r, _| dashboard::costs(r, &range).map(Some)).await,
         Err(message) => json_response(StatusCode::BAD_REQUEST, &json!({ "error": message })),
+    }
+}
+
+async fn search_steps(State(v): State<Arc<Viewer>>, RawQuery(q): RawQuery) -> Response<Body> {
+    match search::query(&query_params(q.as_deref())) {
+        Ok(query) => v.read(move |r, _| search::answer(r, &query).map(Some)).await,
+        Err(e) => json_response(StatusCode::BAD_REQUEST, &json!({ "error": e.to_string() })),
     }
 }
 

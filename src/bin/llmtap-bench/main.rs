@@ -8,7 +8,8 @@
 //! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session, and
 //! its sessions list on a store of 100,000 one-call sessions), `bytes` (store bytes per call of a 100-call
 //! session), `lossless` (the lossless capture rate), `store-rate` (the pipeline and store writer's own
-//! capacity); `--smoke` runs a tiny configuration (CI checks it still runs).
+//! capacity), `search` (full-text search over a store of 100,000 calls: indexing rate, query latency);
+//! `--smoke` runs a tiny configuration (CI checks it still runs).
 //! Internal: `upstream`, `upstream-tls CERT KEY`, `passthrough PORT` (the child processes the proxy benchmark starts), `receiver` (an
 //! OTLP/gRPC receiver that counts spans) and `saturate URL [SECS] [CONNS]` (the throughput phase's closed-loop
 //! load against one URL), for profiling llmtap by hand.
@@ -19,6 +20,7 @@ mod codec;
 mod derive;
 mod forward;
 mod proxy;
+mod search;
 mod servers;
 mod shared;
 mod stats;
@@ -146,6 +148,13 @@ fn main() {
             capture::store_rate(n.unwrap_or(if smoke { 2_000 } else { 50_000 }), rounds)
         }
         "export" => proxy::export(if smoke { 500 } else { 20_000 }),
+        // LLMTAP_BENCH_SEARCH_CALLS sets the store's call count (default 100,000).
+        "search" => search::run(
+            std::env::var("LLMTAP_BENCH_SEARCH_CALLS")
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(if smoke { 2_000 } else { 100_000 }),
+        ),
         other => eprintln!(
             "unknown mode {other:?}; modes: all, proxy, forward, latency, throughput, memory, export, derive, codec, viewer, shared-store [N], bytes, lossless, \
              store-rate [N] [ROUNDS], saturate URL [SECS] [CONNS], pace URL [RATE] [SECS]"

@@ -20,6 +20,7 @@ mod costs;
 mod doc;
 mod query;
 mod schema;
+mod search;
 mod ship;
 
 use std::future::Future;

@@ -89,6 +89,13 @@ impl Query for PgStore {
         self.read_cost_report(q)
     }
 
+    fn search(
+        &self,
+        q: &crate::store::search::SearchQuery,
+    ) -> Result<Vec<crate::store::search::SearchHit>, StoreError> {
+        self.search_steps(q)
+    }
+
     fn trajectories_of_sessions(&self, sessions: &[String]) -> Result<Vec<Vec<(i64, TrajectorySummary)>>, StoreError> {
         let display = self.display.clone();
         let keys = sessions.to_vec();

@@ -3,7 +3,7 @@
 
 use super::{StoreError, db_error};
 
-pub const VERSION: i32 = 3;
+pub const VERSION: i32 = 4;
 
 /// An arbitrary constant naming llmtap's migration lock among the database's advisory locks.
 const MIGRATION_LOCK: i64 = 0x6c6c_6d74_6170;
@@ -86,7 +86,40 @@ CREATE INDEX IF NOT EXISTS annotations_trajectory ON annotations (trajectory_id)
 CREATE INDEX IF NOT EXISTS annotations_label ON annotations (label) WHERE label IS NOT NULL;
 "#;
 
-const MIGRATIONS: [&str; 3] = [V1, V2, V3];
+/// v4: search (`store::search`, `postgres::search`): one row per step with the filters' columns and its folded
+/// text, under a `pg_trgm` GIN index. `pg_trgm` ships with PostgreSQL and is a trusted extension (a database
+/// owner may create it); where it cannot be created the table is still made and searched without the index.
+/// Steps stored before v4 have no row: search covers what is delivered from then on.
+const V4: &str = r#"
+CREATE TABLE IF NOT EXISTS search_docs (
+    step_id     text PRIMARY KEY,
+    session_key text NOT NULL,
+    model       text,
+    agent       text,
+    error       boolean NOT NULL,
+    cost_usd    double precision,
+    started_us  bigint NOT NULL,
+    has_trace   boolean NOT NULL,
+    text        text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS search_docs_started ON search_docs (started_us);
+DO $$
+BEGIN
+    CREATE EXTENSION IF NOT EXISTS pg_trgm;
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'llmtap: pg_trgm is not available (%); search reads every row', SQLERRM;
+END
+$$;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm') THEN
+        CREATE INDEX IF NOT EXISTS search_docs_text ON search_docs USING gin (text gin_trgm_ops);
+    END IF;
+END
+$$;
+"#;
+
+const MIGRATIONS: [&str; 4] = [V1, V2, V3, V4];
 
 pub(super) async fn migrate(client: &mut deadpool_postgres::Object, display: &str) -> Result<(), StoreError> {
     let err = |e| db_error(display, e);

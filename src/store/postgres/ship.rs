@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use super::{StoreError, db_error, doc};
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
+use crate::store::search::DocColumns;
 
 /// A batch encoded for the shared store, built on a blocking thread (compression, JSON) so that the store's
 /// runtime only sends.
@@ -34,6 +35,11 @@ struct StepRow {
     trace_id: Option<String>,
     started_us: i64,
     body: String,
+    /// What search reads of the step (`store::search`).
+    search: DocColumns,
+    text: String,
+    /// A user's step: the id of the step answering it, whose columns it takes when the batch holds it.
+    answer: Option<String>,
 }
 
 struct PartRow {
@@ -99,6 +105,9 @@ impl ShipBatch {
                 trace_id: s.provider_trace_id.clone(),
                 started_us,
                 body: json("step", s)?,
+                search: DocColumns::of(s, None),
+                answer: crate::store::search::answer_id(s),
+                text: crate::store::search::text::indexed_text(s),
             },
         );
         Ok(())
@@ -272,8 +281,72 @@ pub(super) async fn upsert(
         )
         .await
         .map_err(err)?;
+        upsert_search(&tx, st, err).await?;
     }
     tx.commit().await.map_err(err)
+}
+
+/// The steps' search rows, by the steps' rule: the version with a trace id wins. A step without searchable text
+/// has none (its version from the call loses the one it had).
+async fn upsert_search(
+    tx: &deadpool_postgres::Transaction<'_>,
+    steps: &BTreeMap<String, StepRow>,
+    err: impl Fn(tokio_postgres::Error) -> StoreError,
+) -> Result<(), StoreError> {
+    let empty: Vec<&str> = steps
+        .iter()
+        .filter(|(_, r)| r.text.is_empty() && r.trace_id.is_some())
+        .map(|(id, _)| id.as_str())
+        .collect();
+    if !empty.is_empty() {
+        tx.execute("DELETE FROM search_docs WHERE step_id = ANY($1)", &[&empty])
+            .await
+            .map_err(&err)?;
+    }
+    let rows: Vec<(&String, &StepRow)> = steps.iter().filter(|(_, r)| !r.text.is_empty()).collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = rows.iter().map(|(id, _)| id.as_str()).collect();
+    // A user's step takes the filters' columns of the call that answered it (`DocColumns::of`).
+    fn call<'a>(steps: &'a BTreeMap<String, StepRow>, r: &'a StepRow) -> &'a DocColumns {
+        r.answer
+            .as_ref()
+            .and_then(|a| steps.get(a))
+            .filter(|a| a.role == "agent")
+            .map_or(&r.search, |a| &a.search)
+    }
+    let call = |r| call(steps, r);
+    let keys: Vec<&str> = rows.iter().map(|(_, r)| r.search.session_key.as_str()).collect();
+    let models: Vec<Option<&str>> = rows.iter().map(|(_, r)| call(r).model.as_deref()).collect();
+    let agents: Vec<Option<&str>> = rows
+        .iter()
+        .map(|(_, r)| r.search.agent.as_deref().or(call(r).agent.as_deref()))
+        .collect();
+    let errors: Vec<bool> = rows.iter().map(|(_, r)| call(r).error).collect();
+    let costs: Vec<Option<f64>> = rows.iter().map(|(_, r)| call(r).cost_usd).collect();
+    let starts: Vec<i64> = rows.iter().map(|(_, r)| r.search.started_us).collect();
+    let traced: Vec<bool> = rows.iter().map(|(_, r)| r.trace_id.is_some()).collect();
+    let texts: Vec<&str> = rows.iter().map(|(_, r)| r.text.as_str()).collect();
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO search_docs (step_id, session_key, model, agent, error, cost_usd, started_us, has_trace, text)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::float8[],
+                 $7::bigint[], $8::bool[], $9::text[])
+             ON CONFLICT (step_id) DO UPDATE SET session_key = EXCLUDED.session_key, model = EXCLUDED.model,
+                 agent = EXCLUDED.agent, error = EXCLUDED.error, cost_usd = EXCLUDED.cost_usd,
+                 started_us = EXCLUDED.started_us, has_trace = EXCLUDED.has_trace, text = EXCLUDED.text
+             WHERE EXCLUDED.has_trace OR NOT search_docs.has_trace",
+        )
+        .await
+        .map_err(&err)?;
+    tx.execute(
+        &stmt,
+        &[&ids, &keys, &models, &agents, &errors, &costs, &starts, &traced, &texts],
+    )
+    .await
+    .map_err(&err)?;
+    Ok(())
 }
 
 fn json_list(items: &[String]) -> String {
@@ -289,6 +362,14 @@ pub(super) async fn retain(
     let err = |e| db_error(display, e);
     let traces = client
         .execute("DELETE FROM traces WHERE started_us < $1", &[&cutoff_us])
+        .await
+        .map_err(err)?;
+    // A step's search row goes with it.
+    client
+        .execute(
+            "DELETE FROM search_docs WHERE step_id IN (SELECT step_id FROM steps WHERE started_us < $1)",
+            &[&cutoff_us],
+        )
         .await
         .map_err(err)?;
     client

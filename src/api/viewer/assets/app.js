@@ -2,8 +2,9 @@
 // only (captured content is never parsed as HTML). Routes: #/ sessions, #/s/<session>[?t=<trajectory>] session
 // (a trajectory id in place of the session id opens its session), #/c/<id> call, #/d/<id>[?against=<id>] what
 // changed in a call's request, #/cmp/<a>/<b> two trajectories (or sessions' first runs) side by side,
-// #/costs spend over time, #/metrics llmtap's own metrics. Annotations (a note, a label, a score) on sessions,
-// trajectories and steps are the only writes (POST/DELETE api/annotations).
+// #/costs spend over time, #/metrics llmtap's own metrics, #/search?q=<text>&<filters> search over steps (a hit
+// opens #/s/<session>?t=<trajectory>&step=<index>, the step shown and marked). Annotations (a note, a label, a
+// score) on sessions, trajectories and steps are written with POST/DELETE api/annotations.
 'use strict';
 
 const main = document.getElementById('main');
@@ -265,6 +266,14 @@ async function sessionPage(id, params) {
     await loadSteps(true);
   }
   await select(selected);
+  if (params.get('step') !== null) {
+    await revealStep(stepsBox, params.get('step'), async () => {
+      if (next === null) return false;
+      for (const b of stepsBox.querySelectorAll(':scope > button')) b.remove();
+      await loadSteps(false);
+      return true;
+    });
+  }
   main.dataset.ready = '1';
   // A call or step whose session is the one on screen (a new side call included) redraws the page.
   onLive = (ev) => {
@@ -686,12 +695,80 @@ async function route() {
     }
     else if (path === '/metrics') await metricsPage();
     else if (path === '/costs') await costsPage(new URLSearchParams(qs || ''));
+    else if (path === '/search') await searchPage(new URLSearchParams(qs || ''));
     else await sessionsPage(new URLSearchParams(qs || ''));
   } catch (e) {
     render(h('p', { class: 'err' }, String(e)));
   }
 }
 
+// --- search: the header's box, the results page, and the step a hit opens ---
+const SEARCH_FILTERS = ['model', 'agent', 'since', 'until', 'min_cost', 'max_cost'];
+const FIELD_NAMES = { prompt: 'prompt', output: 'output', reasoning: 'reasoning', tool_call: 'tool call', tool_result: 'tool result', error: 'error' };
+
+function searchBox() {
+  const form = document.getElementById('search-box');
+  form.addEventListener('submit', (e) => {
+    e.preventDefault();
+    const q = form.elements.q.value.trim();
+    if (q) location.hash = '#/search?' + new URLSearchParams({ q }).toString();
+  });
+}
+
+// A hit's snippet: text nodes, the matched parts in <mark> (captured text is never parsed as HTML).
+const snippetView = (pieces) => h('div', { class: 'snippet' }, pieces.map((p) => (p.hit ? h('mark', {}, p.text) : p.text)));
+
+function hitView(hit) {
+  const link = '#/s/' + enc(hit.session_id) + '?t=' + enc(hit.trajectory_id) + '&step=' + hit.step_index;
+  return h('li', { class: 'hit', 'data-step': hit.step_id },
+    h('a', { href: link, class: 'hit-link' }, (hit.agent || 'agent') + ' · step #' + hit.step_index + ' ' + hit.role),
+    h('span', { class: 'muted' }, ' ' + [FIELD_NAMES[hit.field] || hit.field, hit.model, time(hit.timestamp),
+      hit.cost_usd !== null && hit.cost_usd !== undefined ? '$' + fmtUsd(hit.cost_usd) : null].filter(Boolean).join(' · ')),
+    hit.error ? h('span', { class: 'err' }, ' error') : null,
+    snippetView(hit.snippet));
+}
+
+async function searchPage(params) {
+  const box = document.getElementById('search-q');
+  box.value = params.get('q') || '';
+  const form = h('form', { class: 'filters', id: 'search-filters', onsubmit: (e) => {
+    e.preventDefault();
+    const q = new URLSearchParams();
+    for (const f of ['q', ...SEARCH_FILTERS]) if (form.elements[f].value.trim()) q.set(f, form.elements[f].value.trim());
+    if (form.elements.errors.checked) q.set('errors', '1');
+    location.hash = '#/search?' + q.toString();
+  } },
+  h('input', { name: 'q', placeholder: 'words or "a phrase"', value: params.get('q') || '', size: 30 }),
+  SEARCH_FILTERS.map((f) => h('input', { name: f, placeholder: f === 'since' || f === 'until' ? f + ' (RFC 3339)' : f.replace('_', ' '),
+    value: params.get(f) || '', size: f.endsWith('cost') ? 8 : 14 })),
+  h('label', {}, h('input', { type: 'checkbox', name: 'errors', checked: params.get('errors') === '1' }), ' errors only'),
+  h('button', { type: 'submit' }, 'Search'));
+  const list = h('ol', { class: 'hits', id: 'search-hits' });
+  const status = h('p', { class: 'muted', id: 'search-status' });
+  render(h('h1', {}, 'Search'), form, status, list);
+  if (!params.get('q')) { status.textContent = 'Type words to find; every one must occur in a step.'; main.dataset.ready = '1'; return; }
+  const q = new URLSearchParams();
+  for (const f of ['q', 'errors', ...SEARCH_FILTERS]) if (params.get(f)) q.set(f, params.get(f));
+  const r = await fetch('api/search?' + q.toString(), { credentials: 'same-origin' });
+  const res = await r.json();
+  if (!r.ok) { status.textContent = res.error || String(r.status); status.className = 'err'; main.dataset.ready = '1'; return; }
+  status.textContent = res.hits.length ? num(res.hits.length) + (res.hits.length >= res.limit ? '+' : '') + (res.hits.length === 1 ? ' step' : ' steps') + ', newest first' : 'No step matches.';
+  list.replaceChildren(...res.hits.map(hitView));
+  main.dataset.ready = '1';
+}
+
+// Show step `index` of the steps on screen, loading further pages (`more`, false when there are none) until it
+// is there; mark it and scroll to it.
+async function revealStep(box, index, more) {
+  let card = box.querySelector('.step[data-index="' + CSS.escape(String(index)) + '"]');
+  while (!card && await more()) card = box.querySelector('.step[data-index="' + CSS.escape(String(index)) + '"]');
+  if (!card) return;
+  card.classList.add('found');
+  card.id = 'found-step';
+  card.scrollIntoView({ block: 'center' });
+}
+
 window.addEventListener('hashchange', route);
+searchBox();
 connectLive();
 route();
