@@ -79,10 +79,6 @@ impl StoreReader {
                 ));
             }
         }
-        for t in q.terms.as_slice() {
-            let p = param(SqlValue::Text(t.clone()), &mut params);
-            cond.push(format!("instr(d.text, {p}) > 0"));
-        }
         if let Some(m) = &q.model {
             let p = param(SqlValue::Text(m.clone()), &mut params);
             cond.push(format!("instr(d.model, {p}) > 0"));
@@ -109,6 +105,12 @@ impl StoreReader {
         if let Some(t) = q.until_us {
             let p = param(SqlValue::Integer(t), &mut params);
             cond.push(format!("d.started_us <= {p}"));
+        }
+        // The terms last: SQLite tests a row's conditions in this order, and the text (up to 8 KiB, on overflow
+        // pages) is read only for rows the cheap filters kept.
+        for t in q.terms.as_slice() {
+            let p = param(SqlValue::Text(t.clone()), &mut params);
+            cond.push(format!("instr(d.text, {p}) > 0"));
         }
         let limit = param(SqlValue::Integer(i64::from(q.limit)), &mut params);
         let mut stmt = self.conn.prepare(&page_sql(&cond, &limit))?;
