@@ -399,8 +399,14 @@ async fn codex_cli_on_its_built_in_provider_through_llmtap_run_uses_the_websocke
             .any(|(k, v)| k == "authorization" && v == "Bearer sk-test-CODEXSECRET-forward"),
         "the API key login reaches the provider"
     );
-    let traces = tap.wait_for_traces(answered as usize);
+    // Codex's failed `/models` calls (no DNS here) are traces too: wait for the turn's own trace, not a count.
     let id = format!("resp_{answered}");
+    common::wait::poll_until("Codex's turn in the store", std::time::Duration::from_secs(20), || {
+        tap.export("provider-traces", &[])
+            .iter()
+            .any(|t| t["response"]["id"] == id.as_str())
+    });
+    let traces = tap.wait_for_traces(answered as usize);
     let t = traces
         .iter()
         .find(|t| t["response"]["id"] == id.as_str())

@@ -22,6 +22,11 @@
 //!   (the machine was full only because of the background work): the next probe comes after a back-off that
 //!   doubles up to [`MAX_BACKOFF`], so a backlog drained beside steady traffic pauses for two windows at most
 //!   every few seconds.
+//! - A wait ends on a quiet data path only after [`QUIET_WINDOWS`] windows in a row, and such an end leaves no
+//!   back-off (it found no room, the load eased): the next saturation is met at once. The forward mode's
+//!   saturated data path sits near the bars (0.2–0.3 of the machine, workers busy 0.4–0.7): a single window
+//!   under them used to end the wait and hold the next one back for [`MIN_BACKOFF`], so the pipeline and
+//!   store writer ran through half of a 2 s benchmark round.
 //! - The caller says whether waiting is allowed at all ([`Deferral::decide`]'s `room`): the spill must have
 //!   room for what arrives meanwhile, so the work that waits is never work that gets dropped.
 
@@ -47,6 +52,10 @@ pub const DATA_PATH_BUSY: f64 = 0.3;
 /// The proxy's runtime workers busy for at least this fraction of the wall time also counts as a busy data path
 /// (`Shares::workers_busy`): it holds while the background threads squeeze the workers' CPU share.
 pub const WORKERS_BUSY: f64 = 0.45;
+/// A wait ends after this many windows in a row without a busy data path (or at once without room in the
+/// spill): one window under the bars is noise at saturation, and the drain after the load ends starts one
+/// window later.
+pub const QUIET_WINDOWS: u32 = 2;
 /// How long the first probe after a wait that found room is held back.
 pub const MIN_BACKOFF: Duration = Duration::from_secs(1);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(16);
@@ -55,6 +64,8 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(16);
 pub struct Deferral {
     /// Windows waited since the wait began; 0 while working.
     waited: u32,
+    /// Windows in a row, during a wait, without a busy data path.
+    quiet: u32,
     backoff: Duration,
     no_probe_before: Option<Instant>,
 }
@@ -63,6 +74,7 @@ impl Default for Deferral {
     fn default() -> Self {
         Deferral {
             waited: 0,
+            quiet: 0,
             backoff: MIN_BACKOFF,
             no_probe_before: None,
         }
@@ -78,10 +90,25 @@ impl Deferral {
     /// lose anything (the spill can take what arrives meanwhile).
     pub fn decide(&mut self, shares: Shares, room: bool, now: Instant) -> bool {
         let data_path_busy = data_path_busy(&shares);
-        if !room || !data_path_busy {
+        if !room {
             self.stop_waiting(now);
             return false;
         }
+        if !data_path_busy {
+            if self.waiting() {
+                self.quiet += 1;
+                if self.quiet < QUIET_WINDOWS {
+                    self.waited += 1;
+                    return true;
+                }
+                // The load eased: no room was found, so nothing to back off from.
+                self.waited = 0;
+                self.quiet = 0;
+                self.no_probe_before = None;
+            }
+            return false;
+        }
+        self.quiet = 0;
         if self.waiting() {
             if self.waited < PROBE_WINDOWS || shares.machine - shares.background >= OTHERS_FULL {
                 self.waited += 1;
@@ -118,6 +145,7 @@ impl Deferral {
             _ => self.backoff = MIN_BACKOFF,
         }
         self.waited = 0;
+        self.quiet = 0;
         self.no_probe_before = Some(now + self.backoff);
     }
 }
@@ -157,12 +185,46 @@ mod tests {
             now += WINDOW;
             assert!(d.decide(SATURATED_WAITING, true, now));
         }
-        now += WINDOW;
         let idle = shares(0.3, 0.0, 0.05);
+        for _ in 1..QUIET_WINDOWS {
+            now += WINDOW;
+            assert!(d.decide(idle, true, now), "one quiet window does not end a wait");
+        }
+        now += WINDOW;
         assert!(!d.decide(idle, true, now));
-        // A long wait that ended resets the back-off: the next saturation is met at once.
-        now += MIN_BACKOFF;
+        // A wait that ended with the load leaves no back-off: the next saturation is met at once.
+        now += WINDOW;
         assert!(d.decide(SATURATED_WORKING, true, now));
+    }
+
+    /// The forward mode's saturated data path dips under the bars for a window now and then: the wait goes on,
+    /// and when the load eases and comes back the next wait starts at once, without a back-off.
+    #[test]
+    fn a_window_under_the_bars_neither_ends_a_wait_nor_holds_back_the_next() {
+        let borderline = Shares {
+            workers_busy: 0.4,
+            ..shares(0.97, 0.01, 0.27)
+        };
+        let mut d = Deferral::default();
+        let mut now = Instant::now();
+        assert!(d.decide(SATURATED_WORKING, true, now));
+        for window in [
+            SATURATED_WAITING,
+            borderline,
+            SATURATED_WAITING,
+            SATURATED_WAITING,
+            borderline,
+        ] {
+            now += WINDOW;
+            assert!(d.decide(window, true, now), "{window:?}");
+        }
+        now += WINDOW;
+        assert!(!d.decide(borderline, true, now), "two quiet windows in a row end it");
+        now += WINDOW;
+        assert!(
+            d.decide(SATURATED_WORKING, true, now),
+            "no back-off after the load eased"
+        );
     }
 
     #[test]
@@ -174,10 +236,14 @@ mod tests {
             now += WINDOW;
             assert!(d.decide(SATURATED_WAITING, true, now));
         }
+        for _ in 1..QUIET_WINDOWS {
+            now += WINDOW;
+            assert!(d.decide(shares(0.3, 0.0, 0.05), true, now));
+        }
         now += WINDOW;
         assert!(!d.decide(shares(0.3, 0.0, 0.05), true, now));
         // The wait found the data path busy: the next saturation is met at once.
-        now += MIN_BACKOFF;
+        now += WINDOW;
         assert!(d.decide(SATURATED_WORKING, true, now));
     }
 

@@ -51,7 +51,12 @@ impl BodyRedaction {
             Some(b) => b.as_slice(),
             None => &request.body[0][..],
         };
-        let text = String::from_utf8_lossy(bytes);
+        // `str::from_utf8` validates ASCII a word at a time; `from_utf8_lossy` walks the body byte by byte even
+        // when it is valid (15% of the spill thread's CPU in the forward benchmark's capture-on rounds).
+        let text = match std::str::from_utf8(bytes) {
+            Ok(text) => std::borrow::Cow::Borrowed(text),
+            Err(_) => String::from_utf8_lossy(bytes),
+        };
         let Some(redacted) = (self.redact)(&text) else { return };
         request.body = [Bytes::from(redacted)].into_iter().collect();
         if encoded {
@@ -102,6 +107,14 @@ mod tests {
         let before = clean.body[0].as_ptr();
         redaction().apply(&mut clean);
         assert_eq!(clean.body[0].as_ptr(), before, "not copied");
+    }
+
+    /// A body that is not valid UTF-8 is still scanned (its invalid bytes read as U+FFFD).
+    #[test]
+    fn a_body_with_invalid_utf8_is_still_scanned() {
+        let mut c = request(&[], &[b"{\"k\":\"sk-x\",\"n\":\"\xff\"}"]);
+        redaction().apply(&mut c);
+        assert_eq!(c.body_bytes(), "{\"k\":\"REDACTED\",\"n\":\"\u{fffd}\"}".as_bytes());
     }
 
     #[test]
