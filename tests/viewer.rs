@@ -13,6 +13,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use common::browser::{browser_dir, require_browser};
 use common::*;
 use serde_json::Value;
 
@@ -651,21 +652,9 @@ async fn get(client: &Client, base: &str, path: &str, headers: &[(&str, &str)]) 
     send(client, "GET", &format!("{base}{path}"), headers, vec![]).await
 }
 
-fn browser_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn chromium_shows_sessions_a_session_tree_a_call_cost_and_live_calls() {
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        std::path::Path::new(&chromium).exists(),
-        "{chromium} is missing: run scripts/test.sh (it installs Debian's chromium)"
-    );
-    assert!(
-        browser_dir().join("node_modules/playwright-core").exists(),
-        "tests/browser/node_modules is missing: run scripts/test.sh (it runs npm ci there)"
-    );
+    let chromium = require_browser();
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());

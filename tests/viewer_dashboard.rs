@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use common::browser::{browser_dir, require_browser};
 use common::*;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::{Value, json};
@@ -188,21 +189,9 @@ fn whole_range() -> (String, String) {
     (day(today.pred_opt().unwrap()), day(today.succ_opt().unwrap()))
 }
 
-fn browser_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn chromium_annotates_a_step_filters_by_its_label_and_the_cost_page_adds_up_the_calls() {
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        std::path::Path::new(&chromium).exists(),
-        "{chromium} is missing: run scripts/test.sh (it installs Debian's chromium)"
-    );
-    assert!(
-        browser_dir().join("node_modules/playwright-core").exists(),
-        "tests/browser/node_modules is missing: run scripts/test.sh (it runs npm ci there)"
-    );
+    let chromium = require_browser();
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());

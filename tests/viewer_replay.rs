@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use common::browser::{browser_dir, require_browser};
 use common::scripted::Scripted;
 use common::*;
 use serde_json::{Value, json};
@@ -187,21 +188,9 @@ async fn replay_is_refused_when_off_from_another_site_and_without_json_and_serve
     assert_eq!(up.received().len(), sent + 1);
 }
 
-fn browser_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn chromium_replays_a_call_with_an_edited_model_and_follows_the_links_between_the_two() {
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        std::path::Path::new(&chromium).exists(),
-        "{chromium} is missing: run scripts/test.sh (it installs Debian's chromium)"
-    );
-    assert!(
-        browser_dir().join("node_modules/playwright-core").exists(),
-        "tests/browser/node_modules is missing: run scripts/test.sh (it runs npm ci there)"
-    );
+    let chromium = require_browser();
     let up = Scripted::start().await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::browser::{browser_dir, require_browser};
 use common::*;
 use serde_json::{Value, json};
 
@@ -319,21 +320,9 @@ async fn the_same_search_answers_the_same_from_the_shared_postgresql_store() {
     assert_eq!(hits(&client, &shared, &[("q", "crème brûlée")]).await.len(), 4);
 }
 
-fn browser_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn chromium_finds_a_phrase_from_a_tool_result_and_opens_its_step() {
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        std::path::Path::new(&chromium).exists(),
-        "{chromium} is missing: run scripts/test.sh (it installs Debian's chromium)"
-    );
-    assert!(
-        browser_dir().join("node_modules/playwright-core").exists(),
-        "tests/browser/node_modules is missing: run scripts/test.sh (it runs npm ci there)"
-    );
+    let chromium = require_browser();
     let up = Upstream::start(ReplayOptions::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let tap = Llmtap::start(&upstream_config(&up, ""), dir.path());

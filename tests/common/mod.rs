@@ -29,6 +29,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+pub mod browser;
 pub mod claude;
 pub mod clients;
 pub mod cloud;

@@ -1,0 +1,22 @@
+//! The browser tests' shared setup: Chromium and playwright-core (both installed by `scripts/test.sh`).
+
+use std::path::PathBuf;
+
+/// Where the browser scripts and their `node_modules` live.
+pub fn browser_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
+}
+
+/// The Chromium to drive (`$CHROMIUM`, else Debian's); fails the test with how to install what is missing.
+pub fn require_browser() -> String {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        std::path::Path::new(&chromium).exists(),
+        "{chromium} is missing: run scripts/test.sh (it installs Debian's chromium)"
+    );
+    assert!(
+        browser_dir().join("node_modules/playwright-core").exists(),
+        "tests/browser/node_modules is missing: run scripts/test.sh (it runs npm ci there)"
+    );
+    chromium
+}
