@@ -10,11 +10,10 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use common::browser::{browser_dir, require_browser};
+use common::browser::{require_browser, run_script};
 use common::*;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde_json::{Value, json};
@@ -207,24 +206,22 @@ async fn chromium_annotates_a_step_filters_by_its_label_and_the_cost_page_adds_u
     let note = "The <b>second</b> tool call is redundant & costs tokens";
     let (since, until) = whole_range();
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
-    let out = Command::new("node")
-        .arg(browser_dir().join("dashboard.mjs"))
-        .arg(format!("{base}/"))
-        .arg(&shots)
-        .args([&session, &trajectory, &step])
-        .args([label, note, "-2.5"])
-        .args([&since, &until])
-        .env("CHROMIUM", &chromium)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let report: Value = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("REPORT "))
-        .map(|r| serde_json::from_str(r).unwrap())
-        .expect("the browser script reported");
+    let report = run_script(
+        &chromium,
+        "dashboard.mjs",
+        &[
+            &format!("{base}/"),
+            &shots.display().to_string(),
+            &session,
+            &trajectory,
+            &step,
+            label,
+            note,
+            "-2.5",
+            &since,
+            &until,
+        ],
+    );
     assert!(report.get("error").is_none(), "{report:#}");
     assert_eq!(report["console_errors"], json!([]), "{report:#}");
 

@@ -6,11 +6,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
-use common::browser::{browser_dir, require_browser};
+use common::browser::{require_browser, run_script};
 use common::scripted::Scripted;
 use common::*;
 use serde_json::{Value, json};
@@ -203,25 +201,17 @@ async fn chromium_replays_a_call_with_an_edited_model_and_follows_the_links_betw
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
     let new_model = "claude-edited-in-the-page";
 
-    let mut node = Command::new("node")
-        .arg(browser_dir().join("replay.mjs"))
-        .arg(format!("http://{viewer}/"))
-        .arg(&call)
-        .arg(new_model)
-        .arg(KEY)
-        .arg(&shots)
-        .env("CHROMIUM", &chromium)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut report = None;
-    for line in BufReader::new(node.stdout.take().unwrap()).lines() {
-        if let Some(r) = line.unwrap().strip_prefix("REPORT ") {
-            report = Some(serde_json::from_str::<Value>(r).unwrap());
-        }
-    }
-    assert!(node.wait().unwrap().success());
-    let report = report.expect("the browser script reported");
+    let report = run_script(
+        &chromium,
+        "replay.mjs",
+        &[
+            &format!("http://{viewer}/"),
+            &call,
+            new_model,
+            KEY,
+            &shots.display().to_string(),
+        ],
+    );
     assert!(report.get("error").is_none(), "{report:#}");
     assert_eq!(report["console_errors"], json!([]), "{report:#}");
 

@@ -7,12 +7,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::browser::{browser_dir, require_browser};
+use common::browser::{require_browser, run_script};
 use common::*;
 use serde_json::{Value, json};
 
@@ -352,25 +350,17 @@ async fn chromium_finds_a_phrase_from_a_tool_result_and_opens_its_step() {
     wait_for_hits(&client, &tap, &[("q", "bold needle")], 1).await;
 
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
-    let mut node = Command::new("node")
-        .arg(browser_dir().join("search.mjs"))
-        .arg(format!("http://{}/", tap.viewer_addr.unwrap()))
-        .arg(&phrase)
-        .arg(&step_id)
-        .arg(&shots)
-        .arg("bold needle")
-        .env("CHROMIUM", &chromium)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut report = None;
-    for line in BufReader::new(node.stdout.take().unwrap()).lines() {
-        if let Some(r) = line.unwrap().strip_prefix("REPORT ") {
-            report = Some(serde_json::from_str::<Value>(r).unwrap());
-        }
-    }
-    assert!(node.wait().unwrap().success());
-    let report = report.expect("the browser script reported");
+    let report = run_script(
+        &chromium,
+        "search.mjs",
+        &[
+            &format!("http://{}/", tap.viewer_addr.unwrap()),
+            &phrase,
+            &step_id,
+            &shots.display().to_string(),
+            "bold needle",
+        ],
+    );
     assert!(report.get("error").is_none(), "{report:#}");
     assert_eq!(report["console_errors"], json!([]), "{report:#}");
     assert_eq!(report["dialogs"], json!([]), "{report:#}");

@@ -20,3 +20,22 @@ pub fn require_browser() -> String {
     );
     chromium
 }
+
+/// Run `tests/browser/<script>` with `args` against `chromium` and return the JSON it printed after `REPORT `
+/// (the scripts only act and look; the tests assert). The script must exit successfully and report.
+pub fn run_script<S: AsRef<std::ffi::OsStr>>(chromium: &str, script: &str, args: &[S]) -> serde_json::Value {
+    let out = std::process::Command::new("node")
+        .arg(browser_dir().join(script))
+        .args(args)
+        .env("CHROMIUM", chromium)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{script} failed");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let report = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("REPORT "))
+        .unwrap_or_else(|| panic!("{script} printed no report: {stdout}"));
+    serde_json::from_str(report).unwrap()
+}
