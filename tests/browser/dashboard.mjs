@@ -4,21 +4,11 @@
 //
 // usage: node dashboard.mjs <viewer base URL> <screenshot dir> <session id> <trajectory id> <step id> <label>
 //        <note> <score> <costs since YYYY-MM-DD> <costs until YYYY-MM-DD>
-import { chromium } from 'playwright-core';
-import fs from 'node:fs';
-import os from 'node:os';
+import { launch } from './launch.mjs';
 import path from 'node:path';
 
 const [base, shots, sessionId, trajectoryId, stepId, label, note, score, since, until] = process.argv.slice(2);
-fs.mkdirSync(shots, { recursive: true });
-const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'llmtap-chromium-'));
-const browser = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  headless: true,
-  viewport: { width: 1400, height: 1000 },
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync'],
-});
+const { browser, close } = await launch(shots);
 const report = { console_errors: [] };
 try {
   const page = browser.pages()[0] || (await browser.newPage());
@@ -103,7 +93,6 @@ try {
 } catch (e) {
   report.error = String(e);
 } finally {
-  await browser.close();
-  fs.rmSync(profile, { recursive: true, force: true });
+  await close();
 }
 console.log('REPORT ' + JSON.stringify(report));

@@ -4,21 +4,11 @@
 // usage: node replay.mjs <viewer base URL> <call id> <new model> <key> <screenshot dir>
 // On the call's page: opens "Replay this call, edited", types the model and the key, replays, waits for the
 // link to the new call, follows it, and comes back to the original.
-import { chromium } from 'playwright-core';
-import fs from 'node:fs';
-import os from 'node:os';
+import { launch } from './launch.mjs';
 import path from 'node:path';
 
 const [base, callId, newModel, key, shots] = process.argv.slice(2);
-fs.mkdirSync(shots, { recursive: true });
-const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'llmtap-chromium-'));
-const browser = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  headless: true,
-  viewport: { width: 1400, height: 1000 },
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync'],
-});
+const { browser, close } = await launch(shots);
 const report = { console_errors: [] };
 try {
   const page = browser.pages()[0] || (await browser.newPage());
@@ -76,7 +66,6 @@ try {
 } catch (e) {
   report.error = String(e);
 } finally {
-  await browser.close();
-  fs.rmSync(profile, { recursive: true, force: true });
+  await close();
 }
 console.log('REPORT ' + JSON.stringify(report));

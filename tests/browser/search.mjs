@@ -4,21 +4,11 @@
 // usage: node search.mjs <viewer base URL> <query> <step id to open> <screenshot dir> <hostile query>
 // Types <query> into the header's search box, lists the hits, opens the hit of <step id> and reports the step
 // the session page shows; then searches <hostile query> (text that looks like markup) and reports its snippet.
-import { chromium } from 'playwright-core';
-import fs from 'node:fs';
-import os from 'node:os';
+import { launch } from './launch.mjs';
 import path from 'node:path';
 
 const [base, query, stepId, shots, hostile] = process.argv.slice(2);
-fs.mkdirSync(shots, { recursive: true });
-const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'llmtap-chromium-'));
-const browser = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  headless: true,
-  viewport: { width: 1400, height: 1000 },
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync'],
-});
+const { browser, close } = await launch(shots);
 const report = { console_errors: [], dialogs: [] };
 try {
   const page = browser.pages()[0] || (await browser.newPage());
@@ -73,7 +63,6 @@ try {
 } catch (e) {
   report.error = String(e);
 } finally {
-  await browser.close();
-  fs.rmSync(profile, { recursive: true, force: true });
+  await close();
 }
 console.log('REPORT ' + JSON.stringify(report));

@@ -7,21 +7,11 @@
 // row to appear without a reload (the test makes a call meanwhile); then prints "READY-FOR-SESSION-CALL" and
 // waits for the native session's row to count one more call (the test makes a call in that session), then
 // prints the report line.
-import { chromium } from 'playwright-core';
-import fs from 'node:fs';
-import os from 'node:os';
+import { launch } from './launch.mjs';
 import path from 'node:path';
 
 const [base, sessionId, callId, shots, nativeSession, nativeTrajectory, diffCall, compareA, compareB] = process.argv.slice(2);
-fs.mkdirSync(shots, { recursive: true });
-const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'llmtap-chromium-'));
-const browser = await chromium.launchPersistentContext(profile, {
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  headless: true,
-  viewport: { width: 1400, height: 1000 },
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync'],
-});
+const { browser, close } = await launch(shots);
 const report = { console_errors: [], csp: null };
 try {
   // "Copy as JSON" writes the clipboard; the script reads it back.
@@ -183,7 +173,6 @@ try {
 } catch (e) {
   report.error = String(e);
 } finally {
-  await browser.close();
-  fs.rmSync(profile, { recursive: true, force: true });
+  await close();
 }
 console.log('REPORT ' + JSON.stringify(report));
