@@ -540,12 +540,15 @@ struct World {
 /// committed).
 async fn wait_committed(replicas: &[&Replica], calls: usize) {
     wait_until("every call committed", 20, || {
-        let pending = replicas
-            .iter()
-            .map(|r| r.metric("llmtap_store_pending_records"))
-            .collect::<Option<Vec<u64>>>();
-        pending.is_some_and(|p| p.iter().all(|&n| n == 0))
-            && replicas.iter().map(|r| r.processed()).sum::<u64>() >= calls as u64
+        // Processed is read before pending, each from its own `llmtap status`: records are pending before their
+        // exchange counts as processed, so "processed >= calls, then nothing pending" means those records are
+        // committed. Read the other way round, an exchange emitted between the two reads passes as committed
+        // while its records still wait for the writer (a kill -9 then loses them).
+        let processed: u64 = replicas.iter().map(|r| r.processed()).sum();
+        processed >= calls as u64
+            && replicas
+                .iter()
+                .all(|r| r.metric("llmtap_store_pending_records") == Some(0))
     })
     .await;
 }
