@@ -219,6 +219,9 @@ pub struct Metrics {
     pub forward_refused: Counter,
     pub forward_connect_errors: Counter,
     pub forward_handshake_failures: Counter,
+    /// WebSocket sockets relayed (base-URL mode and intercepted tunnels), and, as a gauge, those open now.
+    pub websockets: Counter,
+    pub websockets_open: Counter,
     /// Pushes of llmtap's own metrics to `[telemetry] otlp_endpoint` that failed.
     pub telemetry_export_failures: Counter,
     /// The synchronous instruments, once [`sdk::install`] ran (else recording is a no-op: unit tests, benches).

@@ -693,3 +693,104 @@ async fn codex_cli_uses_the_responses_websocket_through_llmtap_without_http_fall
     assert!(t["request"]["input"].to_string().contains("Say hi."), "{t:#}");
     assert!(!serde_json::to_string(&traces).unwrap().contains("CODEXSECRET"));
 }
+
+/// An open socket keeps the `max_connections` slot of the connection it came on and is counted; at SIGTERM it is
+/// closed once the HTTP connections are done (not after the whole grace), and what it carried is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_socket_holds_its_connection_slot_and_is_closed_and_stored_at_shutdown() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = WsUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut tap = Llmtap::start(
+        &config(&up, "[server]\nmax_connections = 2\nshutdown_grace_secs = 60\n"),
+        dir.path(),
+    );
+    let mut c = open(&tap, "/openai/v1/echo").await;
+    c.ws.send(Message::text("kept at shutdown")).await.unwrap();
+    loop {
+        if let Message::Text(t) = c.ws.next().await.unwrap().unwrap() {
+            assert_eq!(t.as_str(), "kept at shutdown");
+            break;
+        }
+    }
+    // One slot left: `llmtap status` reads the metrics on a connection of its own, then closes it.
+    let metrics = tap.metrics();
+    let read = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()))
+    };
+    assert_eq!(read("llmtap_websockets_open "), Some(1), "{metrics}");
+    assert_eq!(read("llmtap_websockets_total "), Some(1), "{metrics}");
+
+    // A second connection takes the last slot (its answer shows it was accepted); a third is not served while
+    // the socket is open, however much the socket carries meanwhile, and is served once the second goes.
+    let mut second = TcpStream::connect(tap.addr).await.unwrap();
+    second
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), second.read_exact(&mut head))
+        .await
+        .expect("the second connection is served")
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let mut third = TcpStream::connect(tap.addr).await.unwrap();
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let (answered_tx, mut answered) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut answer = String::new();
+        let _ = third.read_to_string(&mut answer).await;
+        let _ = answered_tx.send(answer);
+    });
+    for i in 0..50 {
+        let text = format!("round trip {i}");
+        c.ws.send(Message::text(text.clone())).await.unwrap();
+        loop {
+            if let Message::Text(t) = c.ws.next().await.unwrap().unwrap() {
+                assert_eq!(t.as_str(), text);
+                break;
+            }
+        }
+    }
+    assert!(
+        answered.try_recv().is_err(),
+        "the third connection was served while the socket and the second held both slots"
+    );
+    drop(second);
+    let answer = tokio::time::timeout(Duration::from_secs(10), answered)
+        .await
+        .expect("served once a slot is free")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // SIGTERM with the socket open: llmtap closes it rather than waiting out the 60 s grace, and stores it.
+    let stopping = Instant::now();
+    assert!(tap.terminate().success());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(20),
+        "shutdown waited {:?} for an open socket",
+        stopping.elapsed()
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(Ok(_)) = c.ws.next().await {}
+        })
+        .await
+        .is_ok(),
+        "the client's socket ends when llmtap stops"
+    );
+    let traces = tap.export("provider-traces", &[]);
+    let t = traces
+        .iter()
+        .find(|t| t["path"] == "/v1/echo")
+        .unwrap_or_else(|| panic!("the socket's trace is stored at shutdown: {traces:#?}"));
+    for side in ["request", "response"] {
+        let text = t[side].as_str().unwrap_or_default();
+        assert!(text.starts_with("kept at shutdown"), "{side}: {t:#}");
+    }
+}

@@ -10,6 +10,7 @@ pub mod intercept;
 pub mod limits;
 pub mod redact;
 pub mod route;
+pub mod sockets;
 pub mod tap;
 pub mod websocket;
 
@@ -98,6 +99,8 @@ pub struct Proxy {
     /// Upgraded (WebSocket) connections to upstreams, and their capture thread once one is captured.
     ws_connector: websocket::Connector,
     ws_capture: std::sync::OnceLock<Option<crate::capture::websocket::WsCapture>>,
+    /// The relays of upgraded sockets, which go on after their HTTP connection (see [`sockets`]).
+    sockets: sockets::Sockets,
 }
 
 /// Who may read `/metrics`: model names and sink error strings are not for everyone who can reach the port.
@@ -156,7 +159,7 @@ impl Proxy {
             capture: capture.map(Arc::new),
             max_body_bytes: config.capture.max_body_bytes,
             server: config.server.clone(),
-            metrics,
+            metrics: metrics.clone(),
             accept_errors: EpisodeLog::default(),
             limit_log: EpisodeLog::default(),
             redactor: redact::Redactor::new(&config.capture.redact_headers),
@@ -164,6 +167,7 @@ impl Proxy {
             intercept: intercept::Interceptor::new(config)?,
             ws_connector: websocket::Connector::build(config.upstreams.values())?,
             ws_capture: std::sync::OnceLock::new(),
+            sockets: sockets::Sockets::new(metrics),
         })
     }
 
@@ -257,10 +261,15 @@ impl Proxy {
             let proxy = self.clone();
             let service_activity = activity.clone();
             let service_scope = scope.clone();
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                 let active = service_activity.begin();
-                // Only a CONNECT takes the connection's scope (its tunnel goes on in the connection's place).
+                // Only a CONNECT takes the connection's scope (its tunnel goes on in the connection's place); an
+                // upgrade request carries the connection's slot, which its socket keeps (see `sockets`).
                 let scope = (req.method() == http::Method::CONNECT).then(|| service_scope.clone());
+                if req.headers().contains_key(header::UPGRADE) {
+                    req.extensions_mut()
+                        .insert(sockets::ConnSlot(service_scope.slot.clone()));
+                }
                 let req = req.map(|body| ClientBody::new(body, service_activity.clone()));
                 let proxy = proxy.clone();
                 async move {
@@ -283,7 +292,10 @@ impl Proxy {
         // Every connection saw `shutdown` and is draining; they are all done when their tasks are.
         connections.close();
         let grace = self.server.shutdown_grace;
-        if tokio::time::timeout(grace, connections.wait()).await.is_err() {
+        let drained = tokio::time::timeout(grace, connections.wait()).await.is_ok();
+        // WebSocket relays are not waited for (see `sockets`): they close once the HTTP exchanges are done.
+        self.sockets.close().await;
+        if !drained {
             tracing::warn!(
                 grace_secs = grace.as_secs(),
                 "In-flight exchanges did not finish within the grace period; closing their connections"
@@ -293,6 +305,16 @@ impl Proxy {
         // short) and release the capture queue.
         force_close.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
+        // The closed sockets' capture goes down the capture queue before the pipeline is told to stop.
+        if self.ws_capture.get().is_some_and(Option::is_some) {
+            let proxy = self.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Some(Some(ws)) = proxy.ws_capture.get() {
+                    ws.close();
+                }
+            })
+            .await;
+        }
     }
 
     /// A client connection under its watchers: closed when idle or stalled, drained (`drain` called on it) when

@@ -18,6 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use super::sockets::ConnSlot;
 use super::tap::TapBody;
 use super::{Proxy, ProxyBody, ProxyError, error_chain};
 use crate::capture::websocket::{DirectionTap, Protocol, SocketInfo, WsCapture};
@@ -181,6 +182,7 @@ impl Proxy {
         let Some(client_upgrade) = parts.extensions.remove::<OnUpgrade>() else {
             return Err(ProxyError::BadRequest("the connection cannot be upgraded".into()));
         };
+        let slot = parts.extensions.remove::<ConnSlot>();
         let request_headers = meta.as_ref().map(|_| self.redactor.redact_headers(&parts.headers));
         let path = self.redactor.redact_path_and_query(uri.path(), uri.query());
         let io = self
@@ -244,7 +246,7 @@ impl Proxy {
             _ => None,
         };
         let metrics = self.metrics.clone();
-        tokio::spawn(async move {
+        self.sockets.spawn(slot, async move {
             match tokio::try_join!(client_upgrade, upstream_upgrade) {
                 Ok((client, upstream)) => relay(TokioIo::new(client), TokioIo::new(upstream), taps).await,
                 Err(error) => {

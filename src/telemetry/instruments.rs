@@ -266,6 +266,18 @@ pub static INSTRUMENTS: &[Instrument] = &[
         "Intercepted tunnels whose client refused llmtap's certificate or broke the TLS handshake.",
         |m| m.forward_handshake_failures.get(),
     ),
+    counter(
+        "llmtap_websockets",
+        "{socket}",
+        "WebSocket connections relayed after a 101 (base-URL mode and intercepted tunnels).",
+        |m| m.websockets.get(),
+    ),
+    gauge(
+        "llmtap_websockets_open",
+        "{socket}",
+        "WebSocket connections relaying now (each keeps its connection's server.max_connections slot).",
+        |m| m.websockets_open.get(),
+    ),
     // Capture (the receiver side: accepted, spilled, dropped).
     counter(
         "llmtap_captured",

@@ -121,6 +121,8 @@ enum Event {
     End {
         socket: Arc<Shared>,
     },
+    /// Shutdown (`WsCapture::close`): finish every socket and end the thread.
+    Stop,
 }
 
 /// The data path's handle on WebSocket capture (one per proxy).
@@ -128,6 +130,7 @@ pub struct WsCapture {
     tx: SyncSender<Event>,
     budget: Budget,
     next_id: AtomicU64,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl WsCapture {
@@ -135,14 +138,26 @@ impl WsCapture {
     pub fn start(capture: CaptureTx, cap: usize) -> std::io::Result<WsCapture> {
         let (tx, rx) = sync_channel(CHANNEL_CHUNKS);
         let budget = capture.budget().clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("llmtap-ws-capture".into())
             .spawn(move || run(rx, capture, cap))?;
         Ok(WsCapture {
             tx,
             budget,
             next_id: AtomicU64::new(1),
+            thread: std::sync::Mutex::new(Some(thread)),
         })
+    }
+
+    /// Shutdown, once the relays are gone: every socket's exchanges are handed to the capture queue, then the
+    /// thread ends (and lets go of its `CaptureTx`). Blocking. Taps still open after this capture nothing.
+    pub fn close(&self) {
+        // Blocking: the `Stop` must come after every chunk already queued, not be lost to a full channel.
+        let _ = self.tx.send(Event::Stop);
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
     }
 
     /// Taps for a socket just upgraded: (client → upstream, upstream → client).
@@ -301,7 +316,7 @@ fn run(rx: Receiver<Event>, capture: CaptureTx, cap: usize) {
                     }
                 }
             }
-            Err(RecvTimeoutError::Disconnected) => {
+            Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => {
                 for (_, s) in sockets.drain() {
                     s.finish(&capture);
                 }

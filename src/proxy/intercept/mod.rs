@@ -381,9 +381,14 @@ async fn serve_intercepted(
     // The decrypted connection is watched as a base-URL connection is (idle, stalled bodies, shutdown).
     let activity = super::limits::ConnActivity::new();
     let service_activity = activity.clone();
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let slot = scope.slot.clone();
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let tunnel = tunnel.clone();
         let active = service_activity.begin();
+        // As on the proxy port: a socket keeps the tunnel's slot (see `proxy::sockets`).
+        if req.headers().contains_key(header::UPGRADE) {
+            req.extensions_mut().insert(super::sockets::ConnSlot(slot.clone()));
+        }
         let req = req.map(|body| super::limits::ClientBody::new(body, service_activity.clone()));
         async move {
             let resp = tunnel.handle(req).await;

@@ -8,6 +8,7 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 
 use super::super::limits::ClientBody;
+use super::super::sockets::ConnSlot;
 use hyper_util::rt::TokioIo;
 
 use crate::capture::websocket::{Protocol, SocketInfo};
@@ -50,6 +51,7 @@ pub async fn relay(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let start = crate::capture::now_micros();
     let from_client = hyper::upgrade::on(&mut req);
+    let slot = req.extensions_mut().remove::<ConnSlot>();
     let capture = origin.captured.then(|| {
         let meta = exchange_meta(req.headers(), origin.session.clone(), None);
         let mut headers = req.headers().clone();
@@ -86,7 +88,7 @@ pub async fn relay(
             })),
             _ => None,
         };
-        tokio::spawn(async move {
+        proxy.sockets.spawn(slot, async move {
             match tokio::try_join!(from_client, from_upstream) {
                 Ok((client, upstream)) => {
                     super::super::websocket::relay(TokioIo::new(client), TokioIo::new(upstream), taps).await
