@@ -213,6 +213,12 @@ async fn closed_loop(t: &Target, conns: usize, secs: Duration, new_conns: Option
     count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
+/// Whether `LLMTAP_BENCH_PHASES` (comma-separated: `latency`, `throughput`, `handshakes`; all when unset) names
+/// this phase of the forward benchmark.
+fn phase(name: &str) -> bool {
+    std::env::var("LLMTAP_BENCH_PHASES").map_or(true, |p| p.split(',').any(|x| x.trim() == name))
+}
+
 /// The forward-mode benchmark; `smoke`: one short round of each phase (checks only that the mode works).
 pub fn run(scale: &Scale, smoke: bool) {
     if let Err(e) = run_inner(scale, smoke) {
@@ -328,45 +334,47 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
          connect to the upstream over TLS (keep-alive); ~2 KB chat completion for {HOST}:"
     );
 
-    // Added latency, kept-alive TLS connections.
-    let (lat_n, lat_rounds) = if smoke {
-        (100, 1)
-    } else {
-        (scale.latency_requests, scale.latency_rounds)
-    };
-    println!(
-        "  latency at {} req/s open loop, 4 kept-alive connections ({lat_n} requests per target in {lat_rounds} \
-         interleaved rounds):",
-        scale.latency_rate
-    );
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
-    for round in 0..lat_rounds {
-        for k in 0..targets.len() {
-            let i = (round + k) % targets.len();
-            let t = &targets[i];
-            samples[i].extend(rt.block_on(latency(t, lat_n / lat_rounds, scale.latency_rate, 4)));
-            settle(t.name);
-        }
-    }
-    let summaries: Vec<Summary> = samples.iter_mut().map(|s| Summary::of(s)).collect();
-    for (t, s) in targets.iter().zip(&summaries) {
-        let d = &summaries[0];
-        println!(
-            "    {:<30} p50 {:>10} p99 {:>10}  added p50 {} p99 {}",
-            t.name,
-            s.p50_us(),
-            s.p99_us(),
-            fmt_delta_us(s.pct(0.5), d.pct(0.5)),
-            fmt_delta_us(s.pct(0.99), d.pct(0.99))
-        );
-    }
     let find = |prefix: &str| targets.iter().position(|t| t.name.starts_with(prefix));
     let (nginx_i, on_i) = (find("nginx"), find("llmtap forward, capture on"));
-    if let (Some(n), Some(o)) = (nginx_i, on_i) {
+    if phase("latency") {
+        // Added latency, kept-alive TLS connections.
+        let (lat_n, lat_rounds) = if smoke {
+            (100, 1)
+        } else {
+            (scale.latency_requests, scale.latency_rounds)
+        };
         println!(
-            "    llmtap forward, capture on vs nginx, added p50: {} (target: no more than +100 us)",
-            fmt_delta_us(summaries[o].pct(0.5), summaries[n].pct(0.5))
+            "  latency at {} req/s open loop, 4 kept-alive connections ({lat_n} requests per target in {lat_rounds} \
+             interleaved rounds):",
+            scale.latency_rate
         );
+        let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
+        for round in 0..lat_rounds {
+            for k in 0..targets.len() {
+                let i = (round + k) % targets.len();
+                let t = &targets[i];
+                samples[i].extend(rt.block_on(latency(t, lat_n / lat_rounds, scale.latency_rate, 4)));
+                settle(t.name);
+            }
+        }
+        let summaries: Vec<Summary> = samples.iter_mut().map(|s| Summary::of(s)).collect();
+        for (t, s) in targets.iter().zip(&summaries) {
+            let d = &summaries[0];
+            println!(
+                "    {:<30} p50 {:>10} p99 {:>10}  added p50 {} p99 {}",
+                t.name,
+                s.p50_us(),
+                s.p99_us(),
+                fmt_delta_us(s.pct(0.5), d.pct(0.5)),
+                fmt_delta_us(s.pct(0.99), d.pct(0.99))
+            );
+        }
+        if let (Some(n), Some(o)) = (nginx_i, on_i) {
+            println!(
+                "    llmtap forward, capture on vs nginx, added p50: {} (target: no more than +100 us)",
+                fmt_delta_us(summaries[o].pct(0.5), summaries[n].pct(0.5))
+            );
+        }
     }
 
     // Throughput over kept-alive connections, then new connections per second (a full handshake each).
@@ -390,6 +398,9 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
         ("throughput", scale.saturation_conns, false),
         ("new TLS connections (one request each, no resumption)", 8, true),
     ] {
+        if !phase(if new_conns { "handshakes" } else { "throughput" }) {
+            continue;
+        }
         println!(
             "  {label}: {conns} connections closed loop, {rounds} rounds of {:.1} s per target, median round:",
             secs.as_secs_f64()

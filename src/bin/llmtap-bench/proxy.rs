@@ -214,10 +214,15 @@ fn start_llmtap_from(
     let export = otlp
         .map(|a| format!("[[export.otlp]]\nname = \"bench\"\nendpoint = \"http://{a}\"\nprotocol = \"grpc\"\n"))
         .unwrap_or_default();
+    // `LLMTAP_BENCH_CAPTURE`: more `[capture]` keys for the capture-on llmtaps (e.g. `queue_capacity = 100000`).
+    let capture_extra = match capture {
+        true => std::env::var("LLMTAP_BENCH_CAPTURE").unwrap_or_default(),
+        false => String::new(),
+    };
     let _ = std::fs::write(
         &config,
         format!(
-            "[capture]\nenabled = {capture}\n[api]\nlisten = \"off\"\n[viewer]\nlisten = \"off\"\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n{export}{extra}"
+            "[capture]\nenabled = {capture}\n{capture_extra}\n[api]\nlisten = \"off\"\n[viewer]\nlisten = \"off\"\n[upstreams.bench]\nurl = \"http://{upstream}\"\napi = \"openai\"\n{export}{extra}"
         ),
     );
     let mut cmd = Command::new(bin);
