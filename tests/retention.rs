@@ -107,3 +107,103 @@ async fn retention_days_removes_traces_older_than_the_limit() {
     assert!(step_traces.iter().all(|t| !old.contains(t)), "their steps went too");
     assert_eq!(tap.metric("llmtap_evicted_total"), 2);
 }
+
+/// Annotations go with what retention removes (a note may quote the conversation it is about): a removed call's
+/// step annotation, and the trajectory's and session's annotations once their last call is gone; those on what
+/// is kept stay. Annotated through the viewer's API, trimmed by a restart with `max_traces`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotations_go_with_what_retention_removes() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let traces = record_calls(&upstream_config(&up, ""), dir.path(), &json_calls(6)).await;
+
+    let mut tap = Llmtap::start(&upstream_config(&up, ""), dir.path());
+    let base = format!("http://{}", tap.viewer_addr.expect("viewer enabled"));
+    let client = client();
+    let steps = tap.export("steps", &[]);
+    let mut step_labels = std::collections::BTreeMap::new();
+    for (i, t) in traces.iter().enumerate() {
+        let step = steps
+            .iter()
+            .find(|s| s["provider_trace_id"] == t["id"])
+            .unwrap_or_else(|| panic!("a step of {}", t["id"]));
+        let trajectory = step["trajectory_id"].as_str().unwrap();
+        let reply = send(
+            &client,
+            "GET",
+            &format!("{base}/api/sessions/{trajectory}"),
+            &[],
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+        let session: Value = serde_json::from_slice(&reply.body).unwrap();
+        let label = format!("call-{i}");
+        for (target, id) in [
+            ("step", step["step_id"].as_str().unwrap()),
+            ("trajectory", trajectory),
+            ("session", session["id"].as_str().unwrap()),
+        ] {
+            let body = serde_json::json!({"target": target, "id": id, "label": label, "note": "quotes the call"});
+            let reply = send(
+                &client,
+                "POST",
+                &format!("{base}/api/annotations"),
+                &[("content-type", "application/json")],
+                serde_json::to_vec(&body).unwrap(),
+            )
+            .await;
+            assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+        }
+        step_labels.insert(t["id"].as_str().unwrap().to_owned(), label);
+    }
+    assert!(tap.terminate().success());
+
+    let tap = Llmtap::start(&upstream_config(&up, "[store]\nmax_traces = 3\n"), dir.path());
+    let kept = tap.wait_for_at_most_traces(3);
+    assert_eq!(kept.len(), 3);
+    let db = open_store_db(dir.path());
+    let strings = |sql: &str| -> Vec<String> {
+        let mut stmt = db.prepare(sql).unwrap();
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0)).unwrap();
+        let mut v: Vec<String> = rows.map(Result::unwrap).collect();
+        v.sort();
+        v
+    };
+    let mut want: Vec<String> = kept
+        .iter()
+        .map(|t| step_labels[t["id"].as_str().unwrap()].clone())
+        .collect();
+    want.sort();
+    assert_eq!(
+        strings("SELECT label FROM annotations WHERE target = 'step'"),
+        want,
+        "the kept calls' step annotations stay, the removed ones' go"
+    );
+    let orphans = |sql: &str| strings(sql).len();
+    assert_eq!(
+        orphans(
+            "SELECT id FROM annotations WHERE trajectory_id IS NOT NULL
+             AND trajectory_id NOT IN (SELECT trajectory_id FROM trajectories)"
+        ),
+        0,
+        "no annotation of a removed trajectory"
+    );
+    assert_eq!(
+        orphans(
+            "SELECT id FROM annotations WHERE target = 'session'
+             AND session_key NOT IN (SELECT COALESCE(session_id, trajectory_id) FROM trajectories)"
+        ),
+        0,
+        "no annotation of a removed session"
+    );
+    // The kept calls' trajectories and sessions keep theirs.
+    for label in &want {
+        let n = db
+            .query_row("SELECT COUNT(*) FROM annotations WHERE label = ?1", [label], |r| {
+                r.get::<_, i64>(0)
+            })
+            .unwrap();
+        assert_eq!(n, 3, "{label}: step, trajectory and session annotations kept");
+    }
+}

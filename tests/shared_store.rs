@@ -645,6 +645,19 @@ async fn retention_applies_in_the_shared_store_and_a_newer_schema_is_refused() {
         ),
     );
     assert_eq!(count(pg, &url, "SELECT count(*) FROM traces"), first.len() * 2);
+    // Annotations a viewer of the team made: on the old session and its trajectory, and on the first session.
+    pg.psql(
+        &url,
+        &format!(
+            "INSERT INTO annotations (id, target, target_id, session_key, trajectory_id, note, created_us) VALUES
+                 ('a-old-session', 'session', 'tr_old', 'tr_old', NULL, 'old', {old}),
+                 ('a-old-trajectory', 'trajectory', 'tr_old', 'tr_old', 'tr_old', 'old', {old});
+             INSERT INTO annotations (id, target, target_id, session_key, trajectory_id, note, created_us)
+                 SELECT 'a-kept', 'session', session_key, session_key, NULL, 'kept', {old}
+                 FROM sessions WHERE session_key <> 'tr_old' LIMIT 1;"
+        ),
+    );
+    assert_eq!(count(pg, &url, "SELECT count(*) FROM annotations"), 3);
 
     // The next start delivers and applies retention there: the old rows go, the new stay.
     let tap = Llmtap::start(&config, dir.path());
@@ -662,6 +675,12 @@ async fn retention_applies_in_the_shared_store_and_a_newer_schema_is_refused() {
         pg.psql(&url, "SELECT count(*) FROM sessions WHERE session_key = 'tr_old'")
             .trim(),
         "0"
+    );
+    // The old session's annotations went with it; the first session's stays.
+    assert_eq!(
+        pg.psql(&url, "SELECT string_agg(id, ',' ORDER BY id) FROM annotations")
+            .trim(),
+        "a-kept"
     );
     drop(tap);
 

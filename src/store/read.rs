@@ -721,6 +721,18 @@ pub(super) fn cost_from_row(row: &Row<'_>, first: usize) -> Result<Option<CostBr
     }))
 }
 
+/// Annotations go with what they are about (retention is also how a team keeps its store free of old
+/// conversations, and a note may quote one): a step's with the step, a trajectory's (and its steps') with the
+/// trajectory's last step, a session's with the session's last trajectory. Only what this run retired is
+/// looked at (`retired_step_rows`, `retired_sessions`): a session of calls no adapter read has no trajectory,
+/// and its annotations stay.
+const ANNOTATIONS_OF_RETIRED: &str = "
+    DELETE FROM annotations WHERE target = 'step' AND target_id IN (SELECT step_id FROM retired_step_rows);
+    DELETE FROM annotations WHERE trajectory_id IN (SELECT trajectory_id FROM retired_step_rows)
+        AND NOT EXISTS (SELECT 1 FROM trajectories t WHERE t.trajectory_id = annotations.trajectory_id);
+    DELETE FROM annotations WHERE target = 'session' AND session_key IN (SELECT key FROM retired_sessions)
+        AND NOT EXISTS (SELECT 1 FROM trajectories t WHERE COALESCE(t.session_id, t.trajectory_id) = annotations.session_key);";
+
 /// Delete traces (with their bodies, steps and emptied trajectories) beyond the configured age or count. Counts
 /// what went before export.
 /// Returns how many body chunks went with them (see `chunks.rs`).
@@ -767,7 +779,8 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
         "CREATE TEMP TABLE IF NOT EXISTS retired_traces (id TEXT PRIMARY KEY);
          CREATE TEMP TABLE IF NOT EXISTS retired_step_rows (seq INTEGER PRIMARY KEY, step_id TEXT NOT NULL,
              trajectory_id TEXT NOT NULL);
-         DELETE FROM retired_traces; DELETE FROM retired_step_rows;",
+         CREATE TEMP TABLE IF NOT EXISTS retired_sessions (key TEXT PRIMARY KEY);
+         DELETE FROM retired_traces; DELETE FROM retired_step_rows; DELETE FROM retired_sessions;",
     )?;
     tx.execute(
         "INSERT INTO retired_traces SELECT id FROM traces WHERE seq <= ?1",
@@ -789,7 +802,10 @@ pub(crate) fn apply_retention(conn: &Connection, config: &StoreConfig, metrics: 
          DELETE FROM export_log WHERE kind = 'tools' AND ref IN (SELECT step_id FROM retired_step_rows);
          DELETE FROM steps WHERE seq IN (SELECT seq FROM retired_step_rows);
          DELETE FROM export_log WHERE kind = 'agent' AND ref IN ({emptied});
-         DELETE FROM trajectories WHERE trajectory_id IN ({emptied});"
+         INSERT OR IGNORE INTO retired_sessions SELECT COALESCE(session_id, trajectory_id) FROM trajectories
+             WHERE trajectory_id IN ({emptied});
+         DELETE FROM trajectories WHERE trajectory_id IN ({emptied});
+         {ANNOTATIONS_OF_RETIRED}"
     ))?;
     let n = tx.execute("DELETE FROM traces WHERE seq <= ?1", [cutoff])?;
     tx.commit()?;

@@ -384,5 +384,18 @@ pub(super) async fn retain(
         .execute("DELETE FROM sessions WHERE ended_us < $1", &[&cutoff_us])
         .await
         .map_err(err)?;
+    // Annotations go with what they are about, as in the local store (`store::read::apply_retention`).
+    client
+        .batch_execute(
+            "DELETE FROM annotations a WHERE a.target = 'step'
+                 AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.step_id = a.target_id);
+             DELETE FROM annotations a WHERE a.trajectory_id IS NOT NULL
+                 AND NOT EXISTS (SELECT 1 FROM trajectory_parts p WHERE p.trajectory_id = a.trajectory_id);
+             DELETE FROM annotations a WHERE a.target = 'session'
+                 AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.session_key = a.session_key)
+                 AND NOT EXISTS (SELECT 1 FROM traces t WHERE t.session_key = a.session_key);",
+        )
+        .await
+        .map_err(err)?;
     Ok(traces)
 }
