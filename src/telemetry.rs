@@ -175,6 +175,8 @@ pub struct Metrics {
     pub stored: Counter,
     /// Gauge: records handed to the store writer and not yet committed (nor given up or quarantined).
     pub store_pending: Counter,
+    /// Gauge: steps stored and not yet in the search index (`store::search::index`).
+    pub search_pending_steps: Counter,
     /// WAL checkpoint passes that copied pages, by the checkpoint thread (`store::checkpoint`).
     pub store_checkpoints: Counter,
     pub store_errors: Counter,

@@ -395,6 +395,12 @@ pub static INSTRUMENTS: &[Instrument] = &[
         "Records handed to the store writer and not yet committed (an exchange is counted in llmtap_processed_total once its records are here).",
         |m| m.store_pending.get(),
     ),
+    gauge(
+        "llmtap_search_pending_steps",
+        "{step}",
+        "Steps stored and not yet searchable: the search indexer waits while the proxy needs the CPU and catches up afterwards (read about once a second).",
+        |m| m.search_pending_steps.get(),
+    ),
     Instrument {
         name: STORE_COMMIT_DURATION,
         kind: Kind::Histogram,

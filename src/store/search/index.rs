@@ -71,7 +71,15 @@ fn run(conn: Connection, stop: Receiver<()>, metrics: Arc<Metrics>) {
     crate::background::run_in_background();
     let mut yielding = crate::background::YieldToDataPath::default();
     let wait = |d: Duration| !matches!(stop.recv_timeout(d), Err(RecvTimeoutError::Timeout));
+    let mut last_count: Option<std::time::Instant> = None;
     loop {
+        // How far behind search is, for `llmtap_search_pending_steps`: once a second, waiting or not.
+        if last_count.is_none_or(|t| t.elapsed() >= PENDING_INTERVAL) {
+            last_count = Some(std::time::Instant::now());
+            if let Ok(n) = pending_steps(&conn) {
+                metrics.search_pending_steps.set(n);
+            }
+        }
         // Nothing is lost by waiting: the cursor stays where it is. The indexer waits while the proxy needs the
         // CPU, and while the store writer has records waiting: its transactions would take the lock the writer
         // is about to ask for (the writer then sleeps in its busy handler), and capture comes first.
@@ -100,6 +108,23 @@ fn run(conn: Connection, stop: Receiver<()>, metrics: Arc<Metrics>) {
             return;
         }
     }
+}
+
+/// How often the indexer counts the steps it has not indexed yet.
+const PENDING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Steps stored after the indexer's position: the last step's number minus the cursor (two lookups by key; a
+/// step that retention deleted meanwhile is counted until the cursor passes it).
+pub fn pending_steps(conn: &Connection) -> Result<u64, StoreError> {
+    let cursor: i64 = conn
+        .prepare_cached("SELECT steps_seq FROM search_state WHERE id = 1")?
+        .query_row([], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
+    let last: Option<i64> = conn
+        .prepare_cached("SELECT MAX(seq) FROM steps")?
+        .query_row([], |r| r.get(0))?;
+    Ok(last.map_or(0, |l| l.saturating_sub(cursor).max(0) as u64))
 }
 
 /// One document to write.
@@ -304,6 +329,23 @@ mod tests {
 
     fn index_all(conn: &Connection) {
         while index_pass(conn).unwrap_or_else(|e| panic!("{e}")) > 0 {}
+    }
+
+    #[test]
+    fn pending_steps_counts_what_is_stored_and_not_indexed() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = crate::store::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(pending_steps(&conn).unwrap_or_else(|e| panic!("{e}")), 0);
+        let records = conversation("a question", &["a result"], "an answer");
+        write_batch(&mut conn, &records, &mut ChunkCache::default()).unwrap_or_else(|e| panic!("{e}"));
+        let stored: i64 = conn
+            .query_row("SELECT COUNT(*) FROM steps", [], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(stored > 1);
+        let stored = stored as u64;
+        assert_eq!(pending_steps(&conn).unwrap_or_else(|e| panic!("{e}")), stored);
+        index_all(&conn);
+        assert_eq!(pending_steps(&conn).unwrap_or_else(|e| panic!("{e}")), 0);
     }
 
     #[test]
