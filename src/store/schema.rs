@@ -70,7 +70,8 @@ CREATE TABLE IF NOT EXISTS trajectories (
 );
 
 -- What remote sinks export, in order: 'chat' (an LLM call, ref = trace id, logged with its agent step),
--- 'tools' (a step received tool results, ref = step id), 'agent' (a trajectory closed, ref = trajectory id).
+-- 'tools' (a stored step was rewritten: tool results, a retry's answer; ref = step id), 'agent' (a trajectory
+-- closed, ref = trajectory id).
 CREATE TABLE IF NOT EXISTS export_log (
     seq   INTEGER PRIMARY KEY AUTOINCREMENT,
     kind  TEXT NOT NULL,

@@ -740,7 +740,9 @@ fn log_step(tx: &rusqlite::Transaction<'_>, s: &Step, inserted: bool) -> Result<
     if inserted && let (crate::model::step::StepRole::Agent, Some(trace_id)) = (s.role, &s.provider_trace_id) {
         log_export(tx, ExportKind::Chat, trace_id)?;
     }
-    if !inserted && !s.observations.is_empty() {
+    // A rewrite: tool results arrived, or a retry's answer took the place of a failed one. Span sinks make the
+    // tool spans from it (none for a step without results); the search indexer reads the step again.
+    if !inserted {
         log_export(tx, ExportKind::Tools, &s.step_id)?;
     }
     Ok(())

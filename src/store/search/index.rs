@@ -23,7 +23,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::DocColumns;
 use super::text::indexed_text;
-use crate::model::step::Step;
+use crate::model::step::{Step, StepRole};
 use crate::store::StoreError;
 use crate::store::read::step_from_row;
 use crate::store::sql::{rows_of, trajectory_of_step};
@@ -217,16 +217,36 @@ pub fn index_pass(conn: &Connection) -> Result<usize, StoreError> {
             let Some(trajectory) = trajectory_of_step(&step_id) else {
                 continue;
             };
-            let mut rows = step.query(params![trajectory, step_id])?;
-            if let Some(row) = rows.next()? {
-                let at: i64 = row.get(2)?;
-                // A step beyond the new-step cursor is indexed when that cursor reaches it.
-                if at <= last_step
-                    && let Ok(s) = step_from_row::<Step>(row)
-                {
-                    steps.push((at, s));
+            let mut rewritten_step = None;
+            {
+                let mut rows = step.query(params![trajectory, step_id])?;
+                if let Some(row) = rows.next()? {
+                    let at: i64 = row.get(2)?;
+                    // A step beyond the new-step cursor is indexed when that cursor reaches it.
+                    if at <= last_step
+                        && let Ok(s) = step_from_row::<Step>(row)
+                    {
+                        rewritten_step = Some((at, s));
+                    }
                 }
             }
+            let Some((at, s)) = rewritten_step else { continue };
+            // The user's step before an agent step takes its filter columns (model, cost, error) from it: a
+            // rewritten answer (a retry's) changes them.
+            if s.role == StepRole::Agent && s.step_index > 0 {
+                let before = format!("{}/{}", s.trajectory_id, s.step_index - 1);
+                let mut rows = step.query(params![trajectory, before])?;
+                if let Some(row) = rows.next()?
+                    && let Ok(prev) = step_from_row::<Step>(row)
+                    && prev.role != StepRole::Agent
+                {
+                    let prev_at: i64 = row.get(2)?;
+                    if prev_at <= last_step {
+                        steps.push((prev_at, prev));
+                    }
+                }
+            }
+            steps.push((at, s));
         }
     }
     if last_step == steps_seq && last_log == log_seq {
@@ -329,6 +349,56 @@ mod tests {
 
     fn index_all(conn: &Connection) {
         while index_pass(conn).unwrap_or_else(|e| panic!("{e}")) > 0 {}
+    }
+
+    /// A user's step takes its filter columns from the agent step that answers it. When that answer is rewritten
+    /// after both were indexed (a retry's answer in place of a failed call's), the user's step is indexed again.
+    #[test]
+    fn a_rewritten_answer_updates_the_columns_of_the_question_before_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = crate::store::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let mut chunks = ChunkCache::default();
+        let mut h = Harness::new(Api::OpenAiChat);
+        let t = trace(h.api, h.now, h.now + 1_000_000);
+        let records = h.deriver.observe(
+            t,
+            Some(call(
+                "agent",
+                vec![user("the crème brûlée question")],
+                text_out("an answer"),
+            )),
+        );
+        let mut failed = records.clone();
+        let answer = failed
+            .iter_mut()
+            .find_map(|r| match r {
+                Record::Step(s) if s.role == StepRole::Agent => Some(s),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("an agent step in {records:?}"));
+        answer.status = "error".into();
+        answer.error = Some("overloaded".into());
+        write_batch(&mut conn, &failed, &mut chunks).unwrap_or_else(|e| panic!("{e}"));
+        index_all(&conn);
+        let question_error = |conn: &Connection| -> bool {
+            conn.query_row(
+                "SELECT d.error FROM search_docs d JOIN steps s ON s.seq = d.seq WHERE s.role = 'user'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        assert!(question_error(&conn), "indexed with the failed answer's error");
+        // The successful answer alone, as a retry's version of the step: the writer rewrites the stored answer
+        // and nothing else.
+        let retried: Vec<Record> = records
+            .iter()
+            .filter(|r| matches!(r, Record::Step(s) if s.role == StepRole::Agent))
+            .cloned()
+            .collect();
+        write_batch(&mut conn, &retried, &mut chunks).unwrap_or_else(|e| panic!("{e}"));
+        index_all(&conn);
+        assert!(!question_error(&conn), "the question follows its rewritten answer");
     }
 
     #[test]
