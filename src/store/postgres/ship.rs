@@ -286,6 +286,40 @@ pub(super) async fn upsert(
     tx.commit().await.map_err(err)
 }
 
+/// A user's step takes the filters' columns (model, error, cost) of the agent step answering it. An answer
+/// shipped after its question (rewritten with tool results or a retry's answer, or delivered in a later batch)
+/// updates the question's row here, as the local indexer does (`store::search::index`).
+async fn answered_questions(
+    tx: &deadpool_postgres::Transaction<'_>,
+    steps: &BTreeMap<String, StepRow>,
+    err: &impl Fn(tokio_postgres::Error) -> StoreError,
+) -> Result<(), StoreError> {
+    let answers: Vec<&StepRow> = steps
+        .values()
+        .filter(|r| r.role == "agent" && r.step_index > 0)
+        .collect();
+    if answers.is_empty() {
+        return Ok(());
+    }
+    let questions: Vec<String> = answers
+        .iter()
+        .map(|r| format!("{}/{}", r.trajectory_id, r.step_index - 1))
+        .collect();
+    let models: Vec<Option<&str>> = answers.iter().map(|r| r.search.model.as_deref()).collect();
+    let errors: Vec<bool> = answers.iter().map(|r| r.search.error).collect();
+    let costs: Vec<Option<f64>> = answers.iter().map(|r| r.search.cost_usd).collect();
+    tx.execute(
+        "UPDATE search_docs d SET model = u.model, error = u.error, cost_usd = u.cost_usd
+         FROM unnest($1::text[], $2::text[], $3::bool[], $4::float8[]) AS u(step_id, model, error, cost_usd)
+         WHERE d.step_id = u.step_id
+           AND EXISTS (SELECT 1 FROM steps s WHERE s.step_id = u.step_id AND s.role <> 'agent')",
+        &[&questions, &models, &errors, &costs],
+    )
+    .await
+    .map_err(err)?;
+    Ok(())
+}
+
 /// The steps' search rows, by the steps' rule: the version with a trace id wins. A step without searchable text
 /// has none (its version from the call loses the one it had).
 async fn upsert_search(
@@ -303,6 +337,7 @@ async fn upsert_search(
             .await
             .map_err(&err)?;
     }
+    answered_questions(tx, steps, &err).await?;
     let rows: Vec<(&String, &StepRow)> = steps.iter().filter(|(_, r)| !r.text.is_empty()).collect();
     if rows.is_empty() {
         return Ok(());
