@@ -10,8 +10,8 @@
 //! milliseconds (its busy timeout is seconds).
 //!
 //! The cursor (`search_state`) has two positions: `steps.seq` for new steps, and `export_log.seq` for the
-//! `tools` entries the writer logs when an agent step is rewritten with its tool results (the step keeps its
-//! seq), so those are indexed again.
+//! `tools` entries the writer logs when a stored step is rewritten (tool results, a retry's answer; the step keeps
+//! its seq), so those are indexed again, with the user's step before a rewritten answer (whose columns it takes).
 
 use std::path::Path;
 use std::sync::Arc;
