@@ -547,6 +547,19 @@ fn stderr_wants_color() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
+/// An error with its causes, outermost first: "connect error: Connection refused (os error 111)" rather than
+/// hyper's terse top-level message.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod episode_tests {
     use super::*;

@@ -25,6 +25,7 @@ use crate::model::exchange::{Api, REPLAY_OF_HEADER};
 use crate::model::trace::ProviderTrace;
 use crate::proxy::redact::{REDACTED, Redactor};
 use crate::store::{Query, StoreError};
+use crate::telemetry::error_chain;
 
 /// What to change in the captured request before sending it again.
 #[derive(Debug, Default, Clone)]
@@ -129,12 +130,10 @@ pub fn key_header(trace: &ProviderTrace) -> (KeyHeader, bool) {
     (default, false)
 }
 
-/// The environment variables `llmtap replay` reads the key from, first set wins: `<UPSTREAM>_API_KEY` (so
-/// `ANTHROPIC_API_KEY`, `OPENAI_API_KEY`, `GEMINI_API_KEY` for the built-in routes, `GROQ_API_KEY` for an
-/// upstream named groq), and `GOOGLE_API_KEY` after it for Gemini.
-pub fn key_variables(trace: &ProviderTrace) -> Vec<String> {
-    let name: String = trace
-        .upstream
+/// The variable standing for an upstream's key, in the environment and in the viewer's curl command:
+/// `<UPSTREAM>_API_KEY`, every other character `_`.
+pub fn key_variable(upstream: &str) -> String {
+    let name: String = upstream
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() {
@@ -144,7 +143,19 @@ pub fn key_variables(trace: &ProviderTrace) -> Vec<String> {
             }
         })
         .collect();
-    let mut vars = vec![format!("{name}_API_KEY")];
+    // A leading digit would read as a positional parameter.
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        format!("_{name}_API_KEY")
+    } else {
+        format!("{name}_API_KEY")
+    }
+}
+
+/// The environment variables `llmtap replay` reads the key from, first set wins: `<UPSTREAM>_API_KEY` (so
+/// `ANTHROPIC_API_KEY`, `OPENAI_API_KEY`, `GEMINI_API_KEY` for the built-in routes, `GROQ_API_KEY` for an
+/// upstream named groq), and `GOOGLE_API_KEY` after it for Gemini.
+pub fn key_variables(trace: &ProviderTrace) -> Vec<String> {
+    let mut vars = vec![key_variable(&trace.upstream)];
     if trace.api == Api::GeminiGenerateContent {
         vars.push("GOOGLE_API_KEY".into());
     }
@@ -452,17 +463,6 @@ pub async fn send(proxy: SocketAddr, plan: Plan) -> Result<http::Response<hyper:
         addr,
         reason: error_chain(&e),
     })
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// The replay of `original` in `session` once the store holds it.

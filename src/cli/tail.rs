@@ -21,6 +21,7 @@ use crate::api::pb;
 use crate::derive::context;
 use crate::model::cost::{CostBreakdown, display_usd};
 use crate::model::step::{Purpose, Step, StepRole};
+use crate::telemetry::error_chain;
 
 /// What to follow.
 #[derive(Debug, Clone, Default)]
@@ -145,17 +146,6 @@ fn status_text(status: &Status) -> String {
     } else {
         status.message().to_owned()
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// Turns events into lines; remembers which tool results of each step were printed (a step is sent again when

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::capture::{CaptureTx, Captured, ExchangeMeta, Outcome, RawExchange, Timings, exchange_id, now_micros};
 use crate::config::{Config, ServerConfig};
 use crate::provider::detect_api;
-use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics};
+use crate::telemetry::{EpisodeLog, EpisodeReport, Metrics, error_chain};
 use conn::{Stop, Supervised};
 use forward::{Clients, strip_hop_by_hop, upstream_request_headers, upstream_uri};
 use limits::{ClientBody, ConnActivity, GuardedBody, Stall};
@@ -652,18 +652,6 @@ fn exchange_meta(headers: &http::HeaderMap, path_session: Option<String>, path_a
         traceparent,
         replay_of: None,
     }
-}
-
-/// "connect error: Connection refused (os error 111)" rather than hyper's terse top-level message.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

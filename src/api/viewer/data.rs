@@ -19,6 +19,7 @@ use crate::proxy::redact::Redactor;
 use crate::store::{CallHead, Query, SessionQuery, StoreError};
 
 use super::diff;
+use crate::api::replay::key_variable;
 
 /// What the data functions need besides the store.
 pub struct Context {
@@ -602,26 +603,6 @@ fn printf_format(text: &str) -> String {
         }
     }
     out
-}
-
-/// The shell variable standing for an upstream's key: `<UPSTREAM>_API_KEY`, every other character `_`.
-fn key_variable(upstream: &str) -> String {
-    let name: String = upstream
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    // A leading digit would read as a positional parameter.
-    if name.starts_with(|c: char| c.is_ascii_digit()) {
-        format!("_{name}_API_KEY")
-    } else {
-        format!("{name}_API_KEY")
-    }
 }
 
 /// The viewer's download URL for each `llmtap export --format` format of a session.
