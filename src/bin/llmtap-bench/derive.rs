@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use serde_json::json;
 
-use llmtap::capture::{Api, CaptureTx, Captured, ExchangeMeta, Outcome, RawExchange, Timings};
+use llmtap::capture::{CaptureTx, RawExchange};
 use llmtap::config::{DeriveConfig, StoreConfig};
 use llmtap::derive::Deriver;
 use llmtap::telemetry::Metrics;
@@ -34,41 +33,8 @@ pub fn exchange(session: usize, turn: usize, t: i64) -> RawExchange {
         "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
             "tool_calls": [{"id": format!("call_{session}_{turn}"), "type": "function", "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/parser_{turn}.ts\"}}")}}]}}],
         "usage": {"prompt_tokens": 500 + 150 * turn, "completion_tokens": 20, "prompt_tokens_details": {"cached_tokens": 400}}});
-    let req = Bytes::from(request.to_string());
-    let resp = Bytes::from(response.to_string());
-    RawExchange {
-        id: uuid::Uuid::from_u128(((session as u128) << 64) | turn as u128),
-        upstream: Arc::from("openai"),
-        api: Api::OpenAiChat,
-        method: http::Method::POST,
-        path: "/v1/chat/completions".into(),
-        status: Some(200),
-        request: Captured {
-            headers: [("content-type", "application/json")].into_iter().collect(),
-            len: req.len() as u64,
-            body: [req].into(),
-            truncated: false,
-            ended: true,
-            ..Default::default()
-        },
-        response: Some(Captured {
-            headers: [("content-type", "application/json")].into_iter().collect(),
-            len: resp.len() as u64,
-            body: [resp].into(),
-            truncated: false,
-            ended: true,
-            ..Default::default()
-        }),
-        timings: Timings {
-            start: t,
-            first_byte: Some(t + 300_000),
-            end: t + 400_000,
-        },
-        outcome: Outcome::Complete,
-        error: None,
-        meta: ExchangeMeta::default(),
-        charge: Default::default(),
-    }
+    let id = ((session as u128) << 64) | turn as u128;
+    super::capture::chat_exchange(id, 200, request.to_string(), response.to_string(), t)
 }
 
 pub fn run(calls: usize) {

@@ -7,10 +7,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use serde_json::json;
 
-use llmtap::capture::{Api, Captured, ExchangeMeta, Outcome, RawExchange, Timings};
+use llmtap::capture::RawExchange;
 use llmtap::config::{DeriveConfig, StoreConfig};
 use llmtap::derive::Deriver;
 use llmtap::store::search::{SearchQuery, Terms, TermsError};
@@ -97,35 +96,9 @@ fn exchange(words: &mut Words, conv: usize, turn: usize, t: i64) -> RawExchange 
                     "function": {"name": "search_logs", "arguments": format!("{{\"query\":\"{}\"}}", words.text(3))}}]}}],
             "usage": {"prompt_tokens": 500 + 150 * turn, "completion_tokens": 40}})
     };
-    let req = Bytes::from(request.to_string());
-    let resp = Bytes::from(response.to_string());
-    let captured = |b: Bytes| Captured {
-        headers: [("content-type", "application/json")].into_iter().collect(),
-        len: b.len() as u64,
-        body: [b].into(),
-        truncated: false,
-        ended: true,
-        ..Default::default()
-    };
-    RawExchange {
-        id: uuid::Uuid::from_u128(((conv as u128) << 64) | turn as u128),
-        upstream: Arc::from("openai"),
-        api: Api::OpenAiChat,
-        method: http::Method::POST,
-        path: "/v1/chat/completions".into(),
-        status: Some(if failed { 500 } else { 200 }),
-        request: captured(req),
-        response: Some(captured(resp)),
-        timings: Timings {
-            start: t,
-            first_byte: Some(t + 300_000),
-            end: t + 400_000,
-        },
-        outcome: Outcome::Complete,
-        error: None,
-        meta: ExchangeMeta::default(),
-        charge: Default::default(),
-    }
+    let id = ((conv as u128) << 64) | turn as u128;
+    let status = if failed { 500 } else { 200 };
+    super::capture::chat_exchange(id, status, request.to_string(), response.to_string(), t)
 }
 
 pub fn run(calls: usize) {
