@@ -15,6 +15,19 @@ use serde_json::{Value, json};
 
 const KEY: &str = "sk-ant-viewer-replay-5e4d3c2b1a";
 
+/// What the viewer says about replaying `call` (`GET /api/calls/{call}/replay`).
+async fn replay_info(base: &str, call: &str) -> Value {
+    let r = send(
+        &client(),
+        "GET",
+        &format!("{base}/api/calls/{call}/replay"),
+        &[],
+        vec![],
+    )
+    .await;
+    serde_json::from_slice(&r.body).unwrap()
+}
+
 /// One Anthropic call through llmtap, key in `x-api-key`; its stored trace.
 async fn original_call(tap: &Llmtap, stream: bool) -> Value {
     let body = json!({
@@ -64,18 +77,7 @@ async fn replay_is_refused_when_off_from_another_site_and_without_json_and_serve
     let r = post(&base, &call, &[json_ct], &posted).await;
     assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
     assert!(String::from_utf8_lossy(&r.body).contains("[viewer] replay = true"));
-    let info: Value = serde_json::from_slice(
-        &send(
-            &client(),
-            "GET",
-            &format!("{base}/api/calls/{call}/replay"),
-            &[],
-            vec![],
-        )
-        .await
-        .body,
-    )
-    .unwrap();
+    let info = replay_info(&base, &call).await;
     assert_eq!(info["enabled"], false);
     assert_eq!(info["key_needed"], true);
     assert_eq!(info["key_header"], "x-api-key");
@@ -143,18 +145,7 @@ async fn replay_is_refused_when_off_from_another_site_and_without_json_and_serve
     let body: Value = serde_json::from_slice(&received[2].body).unwrap();
     assert_eq!(body["model"], "claude-from-viewer");
     assert_eq!(body["stream"], false);
-    let info: Value = serde_json::from_slice(
-        &send(
-            &client(),
-            "GET",
-            &format!("{base}/api/calls/{call}/replay"),
-            &[],
-            vec![],
-        )
-        .await
-        .body,
-    )
-    .unwrap();
+    let info = replay_info(&base, &call).await;
     assert_eq!(info["enabled"], true);
     assert_eq!(info["replays"][0]["id"], new_id.as_str());
     tap.wait_settled();

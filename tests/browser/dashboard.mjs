@@ -4,17 +4,14 @@
 //
 // usage: node dashboard.mjs <viewer base URL> <screenshot dir> <session id> <trajectory id> <step id> <label>
 //        <note> <score> <costs since YYYY-MM-DD> <costs until YYYY-MM-DD>
-import { launch } from './launch.mjs';
+import { launch, viewerPage } from './launch.mjs';
 import path from 'node:path';
 
 const [base, shots, sessionId, trajectoryId, stepId, label, note, score, since, until] = process.argv.slice(2);
 const { browser, close } = await launch(shots);
 const report = { console_errors: [] };
 try {
-  const page = browser.pages()[0] || (await browser.newPage());
-  page.on('console', (m) => { if (m.type() === 'error') report.console_errors.push(m.text()); });
-  page.on('pageerror', (e) => report.console_errors.push(String(e)));
-  const ready = () => page.waitForSelector('main[data-ready]', { timeout: 20000 });
+  const { page, ready } = await viewerPage(browser, report);
   const stepBlock = () => page.locator(`#steps .annotations[data-target="step"][data-id="${stepId}"]`);
   const shown = () => stepBlock().evaluate((box) => [...box.querySelectorAll('.ann')].map((a) => ({
     id: a.dataset.annotation,

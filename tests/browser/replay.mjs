@@ -4,17 +4,14 @@
 // usage: node replay.mjs <viewer base URL> <call id> <new model> <key> <screenshot dir>
 // On the call's page: opens "Replay this call, edited", types the model and the key, replays, waits for the
 // link to the new call, follows it, and comes back to the original.
-import { launch } from './launch.mjs';
+import { launch, viewerPage } from './launch.mjs';
 import path from 'node:path';
 
 const [base, callId, newModel, key, shots] = process.argv.slice(2);
 const { browser, close } = await launch(shots);
 const report = { console_errors: [] };
 try {
-  const page = browser.pages()[0] || (await browser.newPage());
-  page.on('console', (m) => { if (m.type() === 'error') report.console_errors.push(m.text()); });
-  page.on('pageerror', (e) => report.console_errors.push(String(e)));
-  const ready = () => page.waitForSelector('main[data-ready]', { timeout: 20000 });
+  const { page, ready } = await viewerPage(browser, report);
 
   await page.goto(base + '#/c/' + encodeURIComponent(callId));
   await ready();

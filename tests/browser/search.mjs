@@ -4,18 +4,15 @@
 // usage: node search.mjs <viewer base URL> <query> <step id to open> <screenshot dir> <hostile query>
 // Types <query> into the header's search box, lists the hits, opens the hit of <step id> and reports the step
 // the session page shows; then searches <hostile query> (text that looks like markup) and reports its snippet.
-import { launch } from './launch.mjs';
+import { launch, viewerPage } from './launch.mjs';
 import path from 'node:path';
 
 const [base, query, stepId, shots, hostile] = process.argv.slice(2);
 const { browser, close } = await launch(shots);
 const report = { console_errors: [], dialogs: [] };
 try {
-  const page = browser.pages()[0] || (await browser.newPage());
-  page.on('console', (m) => { if (m.type() === 'error') report.console_errors.push(m.text()); });
-  page.on('pageerror', (e) => report.console_errors.push(String(e)));
+  const { page, ready } = await viewerPage(browser, report);
   page.on('dialog', async (d) => { report.dialogs.push(d.message()); await d.dismiss(); });
-  const ready = () => page.waitForSelector('main[data-ready]', { timeout: 20000 });
 
   await page.goto(base + '#/');
   await ready();

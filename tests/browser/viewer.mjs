@@ -7,7 +7,7 @@
 // row to appear without a reload (the test makes a call meanwhile); then prints "READY-FOR-SESSION-CALL" and
 // waits for the native session's row to count one more call (the test makes a call in that session), then
 // prints the report line.
-import { launch } from './launch.mjs';
+import { launch, viewerPage } from './launch.mjs';
 import path from 'node:path';
 
 const [base, sessionId, callId, shots, nativeSession, nativeTrajectory, diffCall, compareA, compareB] = process.argv.slice(2);
@@ -16,11 +16,8 @@ const report = { console_errors: [], csp: null };
 try {
   // "Copy as JSON" writes the clipboard; the script reads it back.
   await browser.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: new URL(base).origin });
-  const page = browser.pages()[0] || (await browser.newPage());
+  const { page, ready } = await viewerPage(browser, report);
   const clipboard = () => page.evaluate(() => navigator.clipboard.readText());
-  page.on('console', (m) => { if (m.type() === 'error') report.console_errors.push(m.text()); });
-  page.on('pageerror', (e) => report.console_errors.push(String(e)));
-  const ready = () => page.waitForSelector('main[data-ready]', { timeout: 20000 });
 
   const first = await page.goto(base + '#/');
   report.csp = first.headers()['content-security-policy'] || null;
