@@ -217,6 +217,17 @@ async fn connected(pool: &Pool, schema: &OnceCell<()>, display: &str) -> Result<
     Ok(client)
 }
 
+/// A query parameter built at run time (the viewer's filters decide which there are).
+pub(super) type Param = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
+
+/// `params` as `Client::query` takes them.
+pub(super) fn param_refs(params: &[Param]) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect()
+}
+
 /// A database error with the server's own message (tokio-postgres's `Display` says only "db error").
 pub(super) fn db_error(display: &str, e: tokio_postgres::Error) -> StoreError {
     let message = match e.as_db_error() {

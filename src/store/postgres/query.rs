@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use tokio_postgres::Row;
 
-use super::{PgStore, StoreError, db_error, doc};
+use super::{Param, PgStore, StoreError, db_error, doc, param_refs};
 use crate::model::annotation::Annotation;
 use crate::model::step::{Step, TrajectorySummary};
 use crate::model::trace::ProviderTrace;
@@ -149,7 +149,7 @@ impl Query for PgStore {
             // Only the filters asked for are in the text: `$n IS NULL OR ...` terms keep the planner from
             // walking `sessions_started` (a page of the last hour took 58 ms on 100,000 sessions, 4 ms without).
             let mut cond: Vec<String> = Vec::new();
-            let mut params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = Vec::new();
+            let mut params: Vec<Param> = Vec::new();
             let mut param = |p: Box<dyn tokio_postgres::types::ToSql + Sync + Send>| {
                 params.push(p);
                 format!("${}", params.len())
@@ -202,11 +202,10 @@ impl Query for PgStore {
                  ORDER BY s.started_us DESC, s.session_key DESC LIMIT {limit}",
                 cond.join(" AND ")
             );
-            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
-                .iter()
-                .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
-                .collect();
-            let rows = c.query(&sql, &refs).await.map_err(|e| db_error(&display, e))?;
+            let rows = c
+                .query(&sql, &param_refs(&params))
+                .await
+                .map_err(|e| db_error(&display, e))?;
             Ok(rows
                 .iter()
                 .map(|r| SessionHead {

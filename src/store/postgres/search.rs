@@ -7,10 +7,8 @@
 //! in what matches; in a database with the C locale `pg_trgm` skips non-ASCII characters when it builds
 //! trigrams, so a query of only such text (CJK) is checked row by row instead of through the index.
 
-use super::{PgStore, StoreError, db_error};
+use super::{Param, PgStore, StoreError, db_error, param_refs};
 use crate::store::search::{DocColumns, SearchHit, SearchQuery, hit};
-
-type Param = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
 
 /// `%term%` with LIKE's special characters escaped (backslash is LIKE's default escape).
 fn contains(term: &str) -> String {
@@ -63,11 +61,10 @@ impl PgStore {
                  WHERE {} ORDER BY d.started_us DESC, d.step_id DESC LIMIT {limit}",
                 cond.join(" AND ")
             );
-            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
-                .iter()
-                .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
-                .collect();
-            let rows = c.query(&sql, &refs).await.map_err(|e| db_error(&display, e))?;
+            let rows = c
+                .query(&sql, &param_refs(&params))
+                .await
+                .map_err(|e| db_error(&display, e))?;
             Ok(rows
                 .iter()
                 .map(|r| {
