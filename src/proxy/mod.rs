@@ -266,7 +266,8 @@ impl Proxy {
                 // Only a CONNECT takes the connection's scope (its tunnel goes on in the connection's place); an
                 // upgrade request carries the connection's slot, which its socket keeps (see `sockets`).
                 let scope = (req.method() == http::Method::CONNECT).then(|| service_scope.clone());
-                if req.headers().contains_key(header::UPGRADE) {
+                // An LLM call is a POST: only a GET can be a WebSocket upgrade, so most requests skip the lookup.
+                if req.method() == http::Method::GET && req.headers().contains_key(header::UPGRADE) {
                     req.extensions_mut()
                         .insert(sockets::ConnSlot(service_scope.slot.clone()));
                 }
@@ -306,15 +307,13 @@ impl Proxy {
         force_close.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), connections.wait()).await;
         // The closed sockets' capture goes down the capture queue before the pipeline is told to stop.
-        if self.ws_capture.get().is_some_and(Option::is_some) {
-            let proxy = self.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                if let Some(Some(ws)) = proxy.ws_capture.get() {
-                    ws.close();
-                }
-            })
-            .await;
-        }
+        let proxy = self.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(Some(ws)) = proxy.ws_capture.get() {
+                ws.close();
+            }
+        })
+        .await;
     }
 
     /// A client connection under its watchers: closed when idle or stalled, drained (`drain` called on it) when

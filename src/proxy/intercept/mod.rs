@@ -386,7 +386,7 @@ async fn serve_intercepted(
         let tunnel = tunnel.clone();
         let active = service_activity.begin();
         // As on the proxy port: a socket keeps the tunnel's slot (see `proxy::sockets`).
-        if req.headers().contains_key(header::UPGRADE) {
+        if req.method() == http::Method::GET && req.headers().contains_key(header::UPGRADE) {
             req.extensions_mut().insert(super::sockets::ConnSlot(slot.clone()));
         }
         let req = req.map(|body| super::limits::ClientBody::new(body, service_activity.clone()));

@@ -115,7 +115,7 @@ const PENDING_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Steps stored after the indexer's position: the last step's number minus the cursor (two lookups by key; a
 /// step that retention deleted meanwhile is counted until the cursor passes it).
-pub fn pending_steps(conn: &Connection) -> Result<u64, StoreError> {
+fn pending_steps(conn: &Connection) -> Result<u64, StoreError> {
     let cursor: i64 = conn
         .prepare_cached("SELECT steps_seq FROM search_state WHERE id = 1")?
         .query_row([], |r| r.get(0))
