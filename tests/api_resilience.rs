@@ -189,12 +189,10 @@ async fn a_stalled_export_stream_does_not_hold_back_wal_checkpoints() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // So the WAL is recycled from its start and stays near SQLite's 1000-page auto-checkpoint (~4 MiB) plus a
-    // batch (~5 MiB measured); a reader that pins a snapshot makes it grow with every call (10-16 MiB here).
-    assert!(
-        after < 10 << 20,
-        "WAL grew to {after} bytes with a stalled reader (was {before})"
-    );
+    // The WAL file's size is not asserted: how far it grows between checkpoints depends on how fast the calls
+    // come against the checkpoint thread's pace (11-16 MiB on a fast moment of the test VM with no reader pinning
+    // anything, the range a pinned reader used to show), so it cannot tell the two apart. The complete
+    // checkpoint above can: a pinned snapshot stops it short of the WAL's end for as long as the stream stalls.
     drop(stalled);
 }
 
