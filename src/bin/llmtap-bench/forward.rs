@@ -24,7 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::proxy::{
-    Nginx, Proc, Scale, exe_dir, metric_in, metrics_text, spawn, start_llmtap, wait_caught_up, wait_idle,
+    Nginx, Proc, Scale, exe_dir, metric_in, metrics_text, spawn, start_llmtap_from, wait_caught_up, wait_idle,
 };
 use super::servers::chat_request_body;
 use super::stats::{Summary, fmt_delta_us, fmt_rate};
@@ -249,10 +249,10 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
         upstream.addr
     );
     // Each llmtap's CA is made before it starts (`llmtap ca`), so that its clients can trust it.
-    let tap = |name: &str, capture: bool| -> Result<(Proc, PathBuf), String> {
+    let tap = |name: &str, bin: &Path, capture: bool| -> Result<(Proc, PathBuf), String> {
         let data = dir.join(name);
         std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
-        let made = Command::new(exe_dir().join("llmtap"))
+        let made = Command::new(bin)
             .arg("ca")
             .arg("--data-dir")
             .arg(&data)
@@ -262,11 +262,18 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
             return Err(format!("llmtap ca failed: {}", String::from_utf8_lossy(&made.stderr)));
         }
         let otlp = capture.then_some(otlp_addr);
-        let proc = start_llmtap(upstream.addr, capture, otlp, &data, &forward);
+        let proc = start_llmtap_from(bin, upstream.addr, capture, otlp, &data, &forward);
         Ok((proc, data.join("ca/llmtap-ca.pem")))
     };
-    let (tap_off, off_ca) = tap("off", false)?;
-    let (tap_on, on_ca) = tap("on", true)?;
+    let this = exe_dir().join("llmtap");
+    let (tap_off, off_ca) = tap("off", &this, false)?;
+    let (tap_on, on_ca) = tap("on", &this, true)?;
+    // Another build, capture on, as one more target (`LLMTAP_BENCH_BASELINE`, as in the proxy benchmark): the
+    // same interleaved rounds compare two builds side by side, which the VM's drift between runs does not.
+    let baseline = match std::env::var_os("LLMTAP_BENCH_BASELINE") {
+        Some(bin) => Some(tap("baseline", Path::new(&bin), true)?),
+        None => None,
+    };
     let nginx = Nginx::start_with(
         upstream.addr,
         &dir.join("nginx"),
@@ -309,6 +316,14 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
         connect: true,
         tls: tls_client(&on_ca, true)?,
     });
+    if let Some((b, b_ca)) = &baseline {
+        targets.push(Target {
+            name: "baseline build, capture on",
+            addr: b.addr,
+            connect: true,
+            tls: tls_client(b_ca, true)?,
+        });
+    }
     // Every target answers before anything is measured (and llmtap's leaf cache is warm).
     for t in &targets {
         let ok = rt.block_on(async {
@@ -321,13 +336,19 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
     }
     let on_addr = tap_on.addr;
     let on_pid = tap_on.child.id();
+    let baseline_at = baseline.as_ref().map(|(b, _)| (b.addr, b.child.id()));
     // After each capture-on round that llmtap catches up and goes idle, so no other round carries its work
     // (skipped by the smoke run, which measures nothing).
     let settle = |name: &str| {
-        if !smoke && name.ends_with("capture on") {
-            wait_caught_up(|m| metric_in(&metrics_text(on_addr), m), Duration::from_millis(100));
-            wait_idle(on_pid);
+        if smoke || !name.ends_with("capture on") {
+            return;
         }
+        let (addr, pid) = match baseline_at {
+            Some(b) if name.starts_with("baseline") => b,
+            _ => (on_addr, on_pid),
+        };
+        wait_caught_up(|m| metric_in(&metrics_text(addr), m), Duration::from_millis(100));
+        wait_idle(pid);
     };
     println!(
         "forward mode: CONNECT + TLS (llmtap's CA) through llmtap, TLS to nginx; both proxies terminate TLS and \
@@ -388,6 +409,7 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
         .map(|t| {
             let ca = match t.name {
                 n if n.ends_with("capture off") => &off_ca,
+                n if n.starts_with("baseline") => baseline.as_ref().map_or(&on_ca, |(_, ca)| ca),
                 n if n.ends_with("capture on") => &on_ca,
                 _ => &test_ca,
             };
@@ -424,7 +446,7 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
             .collect();
         for (i, t) in targets.iter().enumerate() {
             let vs = match nginx_i {
-                Some(n) if t.name.starts_with("llmtap") && medians[n] > 0.0 => {
+                Some(n) if t.name.contains("capture") && medians[n] > 0.0 => {
                     format!("  ({:.2}x nginx)", medians[i] / medians[n])
                 }
                 _ => String::new(),
@@ -442,6 +464,6 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
         metric_in(&metrics_text(on_addr), "llmtap_captured_total "),
         metric_in(&metrics_text(on_addr), "llmtap_capture_dropped_total ")
     );
-    drop((tap_on, tap_off, nginx, upstream));
+    drop((tap_on, tap_off, baseline, nginx, upstream));
     Ok(())
 }

@@ -2,8 +2,8 @@
 //!
 //! Modes: `all` (default), `proxy` (added latency, throughput, streams, memory), `forward` (the forward mode's
 //! TLS-terminating hop against nginx's: added latency, throughput, new TLS connections per second), `latency` and `throughput`
-//! (its first two phases, alone; `LLMTAP_BENCH_BASELINE=<path to another build's llmtap>` adds that build, capture
-//! on, as one more target of every round),
+//! (its first two phases, alone; in these and in `forward`, `LLMTAP_BENCH_BASELINE=<path to another build's
+//! llmtap>` adds that build, capture on, as one more target of every round),
 //! `derive` (normalize + derive throughput, latency to a stored step), `codec` (the store's body compression on
 //! the recorded corpus), `viewer` (the web viewer's page reads on a store with a 10,000-call session, and
 //! its sessions list on a store of 100,000 one-call sessions), `bytes` (store bytes per call of a 100-call

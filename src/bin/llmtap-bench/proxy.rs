@@ -201,7 +201,7 @@ pub(super) fn start_llmtap(
 }
 
 /// [`start_llmtap`] with the `llmtap` binary at `bin` (another build, for `LLMTAP_BENCH_BASELINE`).
-fn start_llmtap_from(
+pub fn start_llmtap_from(
     bin: &std::path::Path,
     upstream: SocketAddr,
     capture: bool,
