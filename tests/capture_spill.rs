@@ -16,8 +16,15 @@ use serde_json::Value;
 
 const SESSION: &str = "pydantic-ai__openai_chat_stream_agent_3calls";
 
+/// One burst at a time in this binary. A burst fills the spill only because it saturates the machine: the
+/// pipeline then waits for the data path (`background::deferral`). Two tests bursting at once (the test harness
+/// runs them in parallel) each see their own proxy take only part of the machine, so neither pipeline waits,
+/// and a test that needs a backlog in the spill got none (a full `cargo test` run failed that way once).
+static BURSTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `n` requests at once (one client each), all answered 200.
 async fn burst(tap: &Llmtap, f: &Fixture, n: usize) {
+    let _alone = BURSTS.lock().await;
     let url = tap.url(&f.client_path);
     let tasks: Vec<_> = (0..n)
         .map(|_| {
