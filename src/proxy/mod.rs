@@ -587,7 +587,9 @@ impl AwaitingUpstream {
         drop(body);
     }
 
-    fn send(&mut self, outcome: Outcome, error: String) {
+    /// `error` becomes a `String` only when there is an exchange to send: every answered call drops an empty
+    /// one, and a message made for it would be an allocation per call.
+    fn send(&mut self, outcome: Outcome, error: impl Into<String>) {
         if let Some(mut p) = self.0.take() {
             if outcome == Outcome::ClientGone {
                 p.capture.metrics().client_gone.inc();
@@ -595,7 +597,7 @@ impl AwaitingUpstream {
             p.exchange.request = p.request.take();
             p.exchange.timings.end = now_micros();
             p.exchange.outcome = outcome;
-            p.exchange.error = Some(error);
+            p.exchange.error = Some(error.into());
             p.capture.send_when_idle(p.exchange);
         }
     }
@@ -603,13 +605,9 @@ impl AwaitingUpstream {
 
 impl Drop for AwaitingUpstream {
     fn drop(&mut self) {
-        // Every answered call drops an empty one: no message is made for it (an allocation per call).
-        if self.0.is_none() {
-            return;
-        }
         self.send(
             Outcome::ClientGone,
-            "the client went away (or llmtap shut down) before the upstream answered".to_owned(),
+            "the client went away (or llmtap shut down) before the upstream answered",
         );
     }
 }

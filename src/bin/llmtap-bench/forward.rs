@@ -39,7 +39,30 @@ struct Target {
     name: &'static str,
     addr: SocketAddr,
     connect: bool,
+    /// The CA this hop's certificate is under (the handshake phase makes its own clients from it).
+    ca: PathBuf,
     tls: tokio_rustls::TlsConnector,
+    /// A capture-on llmtap's metrics address and pid: after each of its rounds it catches up and goes idle.
+    capture: Option<(SocketAddr, u32)>,
+}
+
+impl Target {
+    fn new(
+        name: &'static str,
+        addr: SocketAddr,
+        connect: bool,
+        ca: &Path,
+        capture: Option<&Proc>,
+    ) -> Result<Target, String> {
+        Ok(Target {
+            name,
+            addr,
+            connect,
+            ca: ca.to_owned(),
+            tls: tls_client(ca, true)?,
+            capture: capture.map(|p| (p.addr, p.child.id())),
+        })
+    }
 }
 
 /// The run's test CA and a leaf for [`HOST`] signed by it, as PEM files in `dir`: (CA, leaf chain, leaf key).
@@ -289,40 +312,39 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
             test_ca.display()
         ),
     );
-    let mut targets = vec![Target {
-        name: "direct (TLS to the upstream)",
-        addr: upstream.addr,
-        connect: false,
-        tls: tls_client(&test_ca, true)?,
-    }];
+    let mut targets = vec![Target::new(
+        "direct (TLS to the upstream)",
+        upstream.addr,
+        false,
+        &test_ca,
+        None,
+    )?];
     match &nginx {
-        Some(n) => targets.push(Target {
-            name: "nginx TLS-terminating proxy",
-            addr: n.addr,
-            connect: false,
-            tls: tls_client(&test_ca, true)?,
-        }),
+        Some(n) => targets.push(Target::new(
+            "nginx TLS-terminating proxy",
+            n.addr,
+            false,
+            &test_ca,
+            None,
+        )?),
         None => println!("  (nginx not found: no nginx reference hop in this run)"),
     }
-    targets.push(Target {
-        name: "llmtap forward, capture off",
-        addr: tap_off.addr,
-        connect: true,
-        tls: tls_client(&off_ca, true)?,
-    });
-    targets.push(Target {
-        name: "llmtap forward, capture on",
-        addr: tap_on.addr,
-        connect: true,
-        tls: tls_client(&on_ca, true)?,
-    });
+    targets.push(Target::new(
+        "llmtap forward, capture off",
+        tap_off.addr,
+        true,
+        &off_ca,
+        None,
+    )?);
+    targets.push(Target::new(
+        "llmtap forward, capture on",
+        tap_on.addr,
+        true,
+        &on_ca,
+        Some(&tap_on),
+    )?);
     if let Some((b, b_ca)) = &baseline {
-        targets.push(Target {
-            name: "baseline build, capture on",
-            addr: b.addr,
-            connect: true,
-            tls: tls_client(b_ca, true)?,
-        });
+        targets.push(Target::new("baseline build, capture on", b.addr, true, b_ca, Some(b))?);
     }
     // Every target answers before anything is measured (and llmtap's leaf cache is warm).
     for t in &targets {
@@ -335,20 +357,13 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
         }
     }
     let on_addr = tap_on.addr;
-    let on_pid = tap_on.child.id();
-    let baseline_at = baseline.as_ref().map(|(b, _)| (b.addr, b.child.id()));
     // After each capture-on round that llmtap catches up and goes idle, so no other round carries its work
     // (skipped by the smoke run, which measures nothing).
-    let settle = |name: &str| {
-        if smoke || !name.ends_with("capture on") {
-            return;
+    let settle = |t: &Target| {
+        if let (false, Some((addr, pid))) = (smoke, t.capture) {
+            wait_caught_up(|m| metric_in(&metrics_text(addr), m), Duration::from_millis(100));
+            wait_idle(pid);
         }
-        let (addr, pid) = match baseline_at {
-            Some(b) if name.starts_with("baseline") => b,
-            _ => (on_addr, on_pid),
-        };
-        wait_caught_up(|m| metric_in(&metrics_text(addr), m), Duration::from_millis(100));
-        wait_idle(pid);
     };
     println!(
         "forward mode: CONNECT + TLS (llmtap's CA) through llmtap, TLS to nginx; both proxies terminate TLS and \
@@ -375,7 +390,7 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
                 let i = (round + k) % targets.len();
                 let t = &targets[i];
                 samples[i].extend(rt.block_on(latency(t, lat_n / lat_rounds, scale.latency_rate, 4)));
-                settle(t.name);
+                settle(t);
             }
         }
         let summaries: Vec<Summary> = samples.iter_mut().map(|s| Summary::of(s)).collect();
@@ -406,15 +421,7 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
     };
     let fresh: Vec<tokio_rustls::TlsConnector> = targets
         .iter()
-        .map(|t| {
-            let ca = match t.name {
-                n if n.ends_with("capture off") => &off_ca,
-                n if n.starts_with("baseline") => baseline.as_ref().map_or(&on_ca, |(_, ca)| ca),
-                n if n.ends_with("capture on") => &on_ca,
-                _ => &test_ca,
-            };
-            tls_client(ca, false)
-        })
+        .map(|t| tls_client(&t.ca, false))
         .collect::<Result<_, _>>()?;
     for (label, conns, new_conns) in [
         ("throughput", scale.saturation_conns, false),
@@ -434,7 +441,7 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
                 let t = &targets[i];
                 let tls = new_conns.then_some(&fresh[i]);
                 rates[i].push(rt.block_on(closed_loop(t, conns, secs, tls)));
-                settle(t.name);
+                settle(t);
             }
         }
         let medians: Vec<f64> = rates

@@ -147,26 +147,25 @@ impl Doc {
     }
 }
 
-/// The step with id `step_id`, when it is stored and decodes.
-fn stored_step(conn: &Connection, step_id: &str) -> Result<Option<Step>, StoreError> {
+/// The step with id `step_id` and its seq, when it is stored and decodes.
+fn stored_step(conn: &Connection, step_id: &str) -> Result<Option<(i64, Step)>, StoreError> {
     let Some(trajectory) = trajectory_of_step(step_id) else {
         return Ok(None);
     };
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT s.step_id, s.body FROM steps s WHERE {} AND s.step_id = ?2",
+        "SELECT s.step_id, s.body, s.seq FROM steps s WHERE {} AND s.step_id = ?2",
         rows_of("s", "?1")
     ))?;
     let mut rows = stmt.query(params![trajectory, step_id])?;
-    Ok(match rows.next()? {
-        Some(row) => step_from_row::<Step>(row).ok(),
-        None => None,
-    })
+    let Some(row) = rows.next()? else { return Ok(None) };
+    let seq: i64 = row.get(2)?;
+    Ok(step_from_row::<Step>(row).ok().map(|step| (seq, step)))
 }
 
 /// A document for `step`, with the call that answered it when it is a user's step.
 fn doc(conn: &Connection, seq: i64, step: &Step) -> Result<Doc, StoreError> {
     let call = match super::answer_id(step) {
-        Some(id) => stored_step(conn, &id)?,
+        Some(id) => stored_step(conn, &id)?.map(|(_, call)| call),
         None => None,
     };
     Ok(Doc::of(seq, step, call.as_ref()))
@@ -207,43 +206,22 @@ pub fn index_pass(conn: &Connection) -> Result<usize, StoreError> {
         let refs: Vec<(i64, String)> = entries
             .query_map(params![log_seq, BATCH as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<Result<_, _>>()?;
-        let mut step = conn.prepare_cached(&format!(
-            "SELECT s.step_id, s.body, s.seq FROM steps s WHERE {} AND s.step_id = ?2",
-            rows_of("s", "?1")
-        ))?;
+        // A step beyond the new-step cursor is indexed when that cursor reaches it.
+        let indexed_so_far = |found: Option<(i64, Step)>| found.filter(|(at, _)| *at <= last_step);
         for (seq, step_id) in refs {
             rewritten += 1;
             last_log = seq;
-            let Some(trajectory) = trajectory_of_step(&step_id) else {
+            let Some((at, s)) = indexed_so_far(stored_step(conn, &step_id)?) else {
                 continue;
             };
-            let mut rewritten_step = None;
-            {
-                let mut rows = step.query(params![trajectory, step_id])?;
-                if let Some(row) = rows.next()? {
-                    let at: i64 = row.get(2)?;
-                    // A step beyond the new-step cursor is indexed when that cursor reaches it.
-                    if at <= last_step
-                        && let Ok(s) = step_from_row::<Step>(row)
-                    {
-                        rewritten_step = Some((at, s));
-                    }
-                }
-            }
-            let Some((at, s)) = rewritten_step else { continue };
             // The user's step before an agent step takes its filter columns (model, cost, error) from it: a
             // rewritten answer (a retry's) changes them.
             if s.role == StepRole::Agent && s.step_index > 0 {
                 let before = format!("{}/{}", s.trajectory_id, s.step_index - 1);
-                let mut rows = step.query(params![trajectory, before])?;
-                if let Some(row) = rows.next()?
-                    && let Ok(prev) = step_from_row::<Step>(row)
-                    && prev.role != StepRole::Agent
+                if let Some(prev) = indexed_so_far(stored_step(conn, &before)?)
+                    && prev.1.role != StepRole::Agent
                 {
-                    let prev_at: i64 = row.get(2)?;
-                    if prev_at <= last_step {
-                        steps.push((prev_at, prev));
-                    }
+                    steps.push(prev);
                 }
             }
             steps.push((at, s));
