@@ -319,7 +319,7 @@ pub fn lossless(smoke: bool) {
             // Until the drain: the export of the step's last batches may still be running.
             println!(
                 "           llmtap CPU per exchange by thread: {}",
-                ThreadCpu::of(&stack.pid().to_string()).per_exchange_since(&cpu_before, n)
+                ThreadCpu::of(&stack.pid().to_string()).per_exchange_since(&cpu_before, n as f64)
             );
             if dropped > 0 {
                 break;
@@ -357,10 +357,17 @@ fn thread_cpu_us(name: &str) -> u64 {
 /// for a thread at `SCHED_IDLE`. llmtap's tokio threads share one name; its proxy workers run at normal
 /// priority and its blocking-pool threads (the exporter's store reads) at `SCHED_IDLE`, so the suffix tells
 /// them apart.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct ThreadCpu(std::collections::BTreeMap<String, u64>);
 
 impl ThreadCpu {
+    /// Adds `other`'s CPU, role by role (several readings summed).
+    pub fn add(&mut self, other: &ThreadCpu) {
+        for (role, us) in &other.0 {
+            *self.0.entry(role.clone()).or_default() += us;
+        }
+    }
+
     /// `pid`: a process id, or "self".
     pub fn of(pid: &str) -> ThreadCpu {
         const SCHED_IDLE: u64 = 5;
@@ -404,12 +411,13 @@ impl ThreadCpu {
     }
 
     /// "role µs, ..." per `per` exchanges, for every role that used CPU since `before`.
-    pub fn per_exchange_since(&self, before: &ThreadCpu, per: usize) -> String {
+    pub fn per_exchange_since(&self, before: &ThreadCpu, per: f64) -> String {
+        let per = per.max(1.0);
         self.0
             .iter()
             .filter_map(|(role, &now)| {
                 let used = now.saturating_sub(before.get(role));
-                (used > 0).then(|| format!("{role} {:.0} µs", used as f64 / per.max(1) as f64))
+                (used > 0).then(|| format!("{role} {:.1} µs", used as f64 / per))
             })
             .collect::<Vec<_>>()
             .join(", ")

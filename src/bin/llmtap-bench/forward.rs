@@ -23,6 +23,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::capture::ThreadCpu;
 use super::proxy::{
     Nginx, Proc, Scale, exe_dir, metric_in, metrics_text, spawn, start_llmtap_from, wait_caught_up, wait_idle,
 };
@@ -44,6 +45,8 @@ struct Target {
     tls: tokio_rustls::TlsConnector,
     /// A capture-on llmtap's metrics address and pid: after each of its rounds it catches up and goes idle.
     capture: Option<(SocketAddr, u32)>,
+    /// The proxy's processes, whose CPU a throughput round is charged (none for the direct path).
+    pids: Vec<u32>,
 }
 
 impl Target {
@@ -61,7 +64,18 @@ impl Target {
             ca: ca.to_owned(),
             tls: tls_client(ca, true)?,
             capture: capture.map(|p| (p.addr, p.child.id())),
+            pids: Vec::new(),
         })
+    }
+
+    fn charged_to(mut self, pids: Vec<u32>) -> Target {
+        self.pids = pids;
+        self
+    }
+
+    /// CPU time (user and system, µs) the target's processes have used so far.
+    fn cpu_us(&self) -> u64 {
+        self.pids.iter().map(|p| ThreadCpu::of(&p.to_string()).total()).sum()
     }
 }
 
@@ -320,31 +334,22 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
         None,
     )?];
     match &nginx {
-        Some(n) => targets.push(Target::new(
-            "nginx TLS-terminating proxy",
-            n.addr,
-            false,
-            &test_ca,
-            None,
-        )?),
+        Some(n) => targets
+            .push(Target::new("nginx TLS-terminating proxy", n.addr, false, &test_ca, None)?.charged_to(n.pids())),
         None => println!("  (nginx not found: no nginx reference hop in this run)"),
     }
-    targets.push(Target::new(
-        "llmtap forward, capture off",
-        tap_off.addr,
-        true,
-        &off_ca,
-        None,
-    )?);
-    targets.push(Target::new(
-        "llmtap forward, capture on",
-        tap_on.addr,
-        true,
-        &on_ca,
-        Some(&tap_on),
-    )?);
+    targets.push(
+        Target::new("llmtap forward, capture off", tap_off.addr, true, &off_ca, None)?
+            .charged_to(vec![tap_off.child.id()]),
+    );
+    targets.push(
+        Target::new("llmtap forward, capture on", tap_on.addr, true, &on_ca, Some(&tap_on))?
+            .charged_to(vec![tap_on.child.id()]),
+    );
     if let Some((b, b_ca)) = &baseline {
-        targets.push(Target::new("baseline build, capture on", b.addr, true, b_ca, Some(b))?);
+        targets.push(
+            Target::new("baseline build, capture on", b.addr, true, b_ca, Some(b))?.charged_to(vec![b.child.id()]),
+        );
     }
     // Every target answers before anything is measured (and llmtap's leaf cache is warm).
     for t in &targets {
@@ -435,15 +440,48 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
             secs.as_secs_f64()
         );
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+        // The proxy's CPU per exchange in each round (µs): what the machine's cores pay for one exchange,
+        // whatever else shares them.
+        let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+        // A capture-on llmtap's CPU by thread over all its rounds, and its exchanges: where the extra goes.
+        let mut roles: Vec<Option<(ThreadCpu, ThreadCpu, f64)>> = vec![None; targets.len()];
         for round in 0..rounds {
             for k in 0..targets.len() {
                 let i = (round + k) % targets.len();
                 let t = &targets[i];
                 let tls = new_conns.then_some(&fresh[i]);
-                rates[i].push(rt.block_on(closed_loop(t, conns, secs, tls)));
+                let threads = |t: &Target| t.capture.map(|(_, pid)| ThreadCpu::of(&pid.to_string()));
+                let (before, threads_before, started) = (t.cpu_us(), threads(t), Instant::now());
+                let rate = rt.block_on(closed_loop(t, conns, secs, tls));
+                let exchanges = rate * started.elapsed().as_secs_f64();
+                if !t.pids.is_empty() && exchanges > 0.0 {
+                    cpu[i].push(t.cpu_us().saturating_sub(before) as f64 / exchanges);
+                }
+                if let (Some(b), Some(a)) = (threads_before, threads(t)) {
+                    let sum = roles[i].get_or_insert_with(|| (ThreadCpu::default(), ThreadCpu::default(), 0.0));
+                    sum.0.add(&b);
+                    sum.1.add(&a);
+                    sum.2 += exchanges;
+                }
+                rates[i].push(rate);
                 settle(t);
             }
         }
+        // Each round's rate over nginx's in the same round, before the rates are sorted: the VM's speed drifts
+        // by a third between rounds but little within one, so the median of these pairs is the steadier figure.
+        let paired: Vec<Option<f64>> = (0..targets.len())
+            .map(|i| {
+                let n = nginx_i?;
+                let mut ratios: Vec<f64> = rates[i]
+                    .iter()
+                    .zip(&rates[n])
+                    .filter(|(_, n)| **n > 0.0)
+                    .map(|(r, n)| r / n)
+                    .collect();
+                ratios.sort_by(|a, b| a.total_cmp(b));
+                ratios.get(ratios.len() / 2).copied()
+            })
+            .collect();
         let medians: Vec<f64> = rates
             .iter_mut()
             .map(|v| {
@@ -452,18 +490,28 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
             })
             .collect();
         for (i, t) in targets.iter().enumerate() {
-            let vs = match nginx_i {
-                Some(n) if t.name.contains("capture") && medians[n] > 0.0 => {
-                    format!("  ({:.2}x nginx)", medians[i] / medians[n])
+            let vs = match (nginx_i, paired[i]) {
+                (Some(n), Some(pair)) if t.name.contains("capture") && medians[n] > 0.0 => {
+                    format!("  ({:.2}x nginx; per round {pair:.2}x)", medians[i] / medians[n])
                 }
                 _ => String::new(),
             };
             let spread = rates[i].iter().map(|r| fmt_rate(*r)).collect::<Vec<_>>().join(" ");
+            let cpu = match cpu[i].as_mut_slice() {
+                [] => String::new(),
+                per => {
+                    per.sort_by(|a, b| a.total_cmp(b));
+                    format!("  CPU {:.1} us/exchange", per[per.len() / 2])
+                }
+            };
             println!(
-                "    {:<30} {:>8} /s{vs}  [rounds: {spread}]",
+                "    {:<30} {:>8} /s{vs}{cpu}  [rounds: {spread}]",
                 t.name,
                 fmt_rate(medians[i])
             );
+            if let Some((before, after, exchanges)) = &roles[i] {
+                println!("      by thread: {}", after.per_exchange_since(before, *exchanges));
+            }
         }
     }
     println!(

@@ -825,6 +825,30 @@ impl Nginx {
     }
 }
 
+impl Nginx {
+    /// The master's pid and its workers'.
+    pub(super) fn pids(&self) -> Vec<u32> {
+        let master = self.child.id();
+        let mut pids = vec![master];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            // The parent's pid is the second field after the command name's closing parenthesis.
+            let parent = std::fs::read_to_string(entry.path().join("stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                });
+            if parent == Some(master) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+}
+
 impl Drop for Nginx {
     /// SIGTERM to the master, which stops its workers (SIGKILL would leave them running).
     fn drop(&mut self) {
@@ -1074,6 +1098,6 @@ pub fn export(n: usize) {
     );
     println!(
         "  llmtap CPU per call by thread (tokio-rt-worker (background) is the exporter's store reads): {}",
-        super::capture::ThreadCpu::of(&stack.pid().to_string()).per_exchange_since(&cpu_before, n)
+        super::capture::ThreadCpu::of(&stack.pid().to_string()).per_exchange_since(&cpu_before, n as f64)
     );
 }
