@@ -1,25 +1,16 @@
-//! The upstream side of an intercepted connection, over rustls to the real host (public roots plus
-//! `[forward] ca_file`, or a configured upstream's `ca_file` for its host), with `[forward] resolve` applied
-//! beneath name resolution, so SNI, `Host` and certificate checks keep the host's name.
-//!
-//! A tunnel whose client speaks HTTP/1.1 gets one upstream connection of its own ([`TunnelUpstream`]): the
-//! agent's connections are mirrored one for one (the real host sees the connection pattern it would see
-//! without llmtap), and a request skips the shared pool's lock, key and bookkeeping. An HTTP/2 tunnel
-//! multiplexes, and a plain-HTTP proxy request has no tunnel: both use the pooled clients.
+//! The upstream side of an intercepted connection: a pooled client over rustls to the real host (public roots
+//! plus `[forward] ca_file`, or a configured upstream's `ca_file` for its host), with `[forward] resolve`
+//! applied beneath name resolution, so SNI, `Host` and certificate checks keep the host's name.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::uri::{Authority, Scheme};
-use http::{Request, Response, Uri};
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -87,23 +78,17 @@ pub struct InterceptClients {
     by_host: FxHashMap<String, Pair>,
 }
 
-/// The client for requests (HTTP/2 or HTTP/1.1 by ALPN), an HTTP/1.1-only one for WebSocket upgrades (an
-/// upgrade cannot ride an HTTP/2 connection the pool might pick), and the HTTP/1.1-only connector a tunnel's
-/// own connection is dialled with.
+/// The client for requests (HTTP/2 or HTTP/1.1 by ALPN), and an HTTP/1.1-only one for WebSocket upgrades
+/// (an upgrade cannot ride an HTTP/2 connection the pool might pick).
 struct Pair {
     requests: InterceptClient,
     upgrades: InterceptClient,
-    http1: Connector,
 }
 
-type Connector = HttpsConnector<HttpConnector<Resolver>>;
-
 fn pair(ca_file: Option<&Path>, resolver: &Resolver) -> Result<Pair, TlsSetupError> {
-    let http1 = connector(ca_file, resolver, false)?;
     Ok(Pair {
-        requests: pooled(connector(ca_file, resolver, true)?),
-        upgrades: pooled(http1.clone()),
-        http1,
+        requests: client(ca_file, resolver, true)?,
+        upgrades: client(ca_file, resolver, false)?,
     })
 }
 
@@ -126,18 +111,9 @@ impl InterceptClients {
     pub fn websocket_for(&self, host: &str) -> &InterceptClient {
         &self.by_host.get(host).unwrap_or(&self.default).upgrades
     }
-
-    /// A connection of its own for an HTTP/1.1 tunnel to `host`, dialled at `authority` on its first request.
-    pub fn tunnel_upstream(&self, host: &str, authority: &Authority) -> TunnelUpstream {
-        TunnelUpstream {
-            connector: self.by_host.get(host).unwrap_or(&self.default).http1.clone(),
-            authority: authority.clone(),
-            sender: Mutex::new(None),
-        }
-    }
 }
 
-fn connector(ca_file: Option<&Path>, resolver: &Resolver, http2: bool) -> Result<Connector, TlsSetupError> {
+fn client(ca_file: Option<&Path>, resolver: &Resolver, http2: bool) -> Result<InterceptClient, TlsSetupError> {
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .map_err(TlsSetupError::Protocols)?
@@ -151,133 +127,13 @@ fn connector(ca_file: Option<&Path>, resolver: &Resolver, http2: bool) -> Result
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1();
-    Ok(if http2 {
+    let https = if http2 {
         builder.enable_http2().wrap_connector(http)
     } else {
         builder.wrap_connector(http)
-    })
-}
-
-fn pooled(connector: Connector) -> InterceptClient {
-    Client::builder(TokioExecutor::new())
+    };
+    Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(256)
-        .build(connector)
-}
-
-/// Why a tunnel's own connection could not carry a request.
-#[derive(Debug, thiserror::Error)]
-pub enum TunnelUpstreamError {
-    #[error("cannot connect to {authority}")]
-    Connect {
-        authority: Authority,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    #[error("HTTP/1.1 handshake with {authority} failed")]
-    Handshake {
-        authority: Authority,
-        #[source]
-        source: hyper::Error,
-    },
-    #[error("request to {authority} failed")]
-    Send {
-        authority: Authority,
-        #[source]
-        source: hyper::Error,
-    },
-}
-
-type Body = TapBody<RequestBody>;
-
-/// The upstream connection of one HTTP/1.1 tunnel: dialled on the tunnel's first request, used for each of its
-/// requests in turn (an HTTP/1.1 client sends the next one only after the last response), dialled again when
-/// the upstream has closed it. It closes when the tunnel does (the sender goes with the tunnel, and hyper ends
-/// an idle connection nobody can send on).
-pub struct TunnelUpstream {
-    connector: Connector,
-    /// Where the connection goes: the CONNECT target (`host`, or `host:port` off 443).
-    authority: Authority,
-    /// The idle connection's sender; taken by a request while it is sent. A lock per request, never contended
-    /// (one request at a time), and never held across an await.
-    sender: Mutex<Option<http1::SendRequest<Body>>>,
-}
-
-impl TunnelUpstream {
-    /// Sends `req` (origin-form URI, `Host` set) and waits for the response head. A request the connection
-    /// closed under before it was written (the upstream ended an idle keep-alive connection at that moment) is
-    /// sent once more on a new connection, as hyper's pooled client does; one that went out is not repeated.
-    pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, TunnelUpstreamError> {
-        let mut retried = false;
-        loop {
-            let idle = self.sender.lock().ok().and_then(|mut s| s.take());
-            let mut sender = match idle {
-                Some(mut s) => match s.ready().await {
-                    Ok(()) => s,
-                    Err(_) => self.connect().await?,
-                },
-                None => self.connect().await?,
-            };
-            let response = sender.try_send_request(req);
-            if let Ok(mut slot) = self.sender.lock() {
-                *slot = Some(sender);
-            }
-            match response.await {
-                Ok(resp) => return Ok(resp),
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) if !retried => {
-                        retried = true;
-                        req = unsent;
-                    }
-                    _ => {
-                        return Err(TunnelUpstreamError::Send {
-                            authority: self.authority.clone(),
-                            source: e.into_error(),
-                        });
-                    }
-                },
-            }
-        }
-    }
-
-    async fn connect(&self) -> Result<http1::SendRequest<Body>, TunnelUpstreamError> {
-        let authority = &self.authority;
-        let uri = Uri::builder()
-            .scheme(Scheme::HTTPS)
-            .authority(authority.clone())
-            .path_and_query("/")
-            .build()
-            .map_err(|e| TunnelUpstreamError::Connect {
-                authority: authority.clone(),
-                source: Box::new(e),
-            })?;
-        let mut connector = self.connector.clone();
-        let connected = async {
-            std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
-            connector.call(uri).await
-        };
-        let io = connected.await.map_err(|source| TunnelUpstreamError::Connect {
-            authority: authority.clone(),
-            source,
-        })?;
-        let (mut sender, conn) =
-            http1::Builder::new()
-                .handshake(io)
-                .await
-                .map_err(|source| TunnelUpstreamError::Handshake {
-                    authority: authority.clone(),
-                    source,
-                })?;
-        tokio::spawn(async move {
-            if let Err(error) = conn.await {
-                tracing::debug!(%error, "Upstream connection of a tunnel ended with an error");
-            }
-        });
-        // A new connection is ready once its handshake is done; this only notices one closed at once.
-        sender.ready().await.map_err(|source| TunnelUpstreamError::Send {
-            authority: authority.clone(),
-            source,
-        })?;
-        Ok(sender)
-    }
+        .build(https))
 }
