@@ -514,6 +514,87 @@ async fn hosts_off_the_list_are_tunnelled_blind() {
     assert!(!ca_path(dir.path()).exists(), "no CA is made for blind tunnels");
 }
 
+/// A kept-alive HTTP/1.1 connection through a CONNECT tunnel to `host` under llmtap's CA.
+async fn open_tunnel(tap: &Llmtap, host: &str) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let (status, _, tcp) = connect(tap.addr, &format!("{host}:443"), "").await;
+    assert_eq!(status, 200);
+    let tls = tls_connector(&[&ca_path(&tap.data_dir)])
+        .connect(host.to_owned().try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// One chat completion on a kept-alive connection; its status.
+async fn chat_on(sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>, extra: &[(&str, &str)]) -> u16 {
+    sender.ready().await.unwrap();
+    let mut req = http::Request::post("/v1/chat/completions")
+        .header("host", "api.openai.com")
+        .header("content-type", "application/json");
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    let body = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = sender
+        .send_request(req.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    resp.into_body().collect().await.unwrap();
+    status
+}
+
+/// An HTTP/1.1 tunnel has an upstream connection of its own: its requests follow one another on it, another
+/// tunnel gets another one, and when the upstream ends it the tunnel's next request dials again, the client's
+/// connection untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_tunnel_is_mirrored_by_one_upstream_connection_dialled_again_when_the_upstream_closes_it() {
+    let up = Scripted::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tap = Llmtap::start(&forward_config(&up, ""), dir.path());
+    let connections = || up.connections.load(std::sync::atomic::Ordering::SeqCst);
+
+    let mut first = open_tunnel(&tap, "api.openai.com").await;
+    for _ in 0..3 {
+        assert_eq!(chat_on(&mut first, &[]).await, 200);
+    }
+    assert_eq!(
+        connections(),
+        1,
+        "three requests of one tunnel, one upstream connection"
+    );
+
+    let mut second = open_tunnel(&tap, "api.openai.com").await;
+    assert_eq!(chat_on(&mut second, &[]).await, 200);
+    assert_eq!(connections(), 2, "another tunnel, another upstream connection");
+
+    // The upstream ends the first tunnel's connection after this answer; the next request dials again.
+    assert_eq!(chat_on(&mut first, &[("x-scripted-close", "1")]).await, 200);
+    assert_eq!(chat_on(&mut first, &[]).await, 200);
+    assert_eq!(connections(), 3);
+    assert!(!first.is_closed(), "the client's own connection stays open");
+    assert_eq!(chat_on(&mut second, &[]).await, 200);
+    assert_eq!(connections(), 3);
+
+    // Every request reached the host as the client sent it (origin form, its Host) and was captured.
+    let received = up.received();
+    assert_eq!(received.len(), 7);
+    for r in &received {
+        assert_eq!(r.path, "/v1/chat/completions");
+        assert_eq!(r.authority.as_deref(), Some("api.openai.com"));
+        assert_eq!(r.headers.get_all("host").iter().count(), 1);
+    }
+    let traces = tap.wait_for_traces(7);
+    assert!(
+        traces
+            .iter()
+            .all(|t| t["upstream"] == "api.openai.com" && t["outcome"] == "complete"),
+        "{traces:#?}"
+    );
+}
+
 /// A real SigV4 signature: botocore signs a Bedrock InvokeModel request offline (tests/sdk/sigv4.py) and sends it
 /// through `llmtap run`'s HTTPS_PROXY; the upstream standing in for the AWS host recomputes the signature from the
 /// bytes it received, as AWS does.

@@ -496,7 +496,7 @@ impl Proxy {
         &self,
         pending: Option<PendingExchange>,
         head_request: bool,
-        sent: impl Future<Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>>,
+        sent: impl Future<Output = Result<Response<Incoming>, impl std::error::Error>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let mut waiting = AwaitingUpstream(pending);
         let resp = match sent.await {

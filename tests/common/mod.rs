@@ -357,6 +357,8 @@ pub struct Upstream {
     pub addr: SocketAddr,
     pub ca_pem_path: PathBuf,
     pub received: Arc<Mutex<Vec<Received>>>,
+    /// TCP connections accepted so far.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
     _dir: tempfile::TempDir,
     task: tokio::task::JoinHandle<()>,
 }
@@ -444,11 +446,14 @@ where
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_tls));
     let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let accepted = connections.clone();
     let task = tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 continue;
             };
+            accepted.fetch_add(1, Ordering::SeqCst);
             let acceptor = acceptor.clone();
             let handler = handler.clone();
             if !tls {
@@ -473,6 +478,7 @@ where
         addr,
         ca_pem_path,
         received,
+        connections,
         _dir: dir,
         task,
     }

@@ -308,6 +308,10 @@ async fn answer(
         .insert("content-type", reply.content_type.parse().unwrap());
     resp.headers_mut()
         .insert("request-id", format!("req_scripted{n:012}").parse().unwrap());
+    // `x-scripted-close`: the upstream ends the connection after this answer (and says so).
+    if parts.headers.contains_key("x-scripted-close") {
+        resp.headers_mut().insert("connection", "close".parse().unwrap());
+    }
     // A HEAD answer has the headers a GET would have, its length included (RFC 9110 §9.3.2), and no body.
     // `x-scripted-no-length` leaves the length out (a chunked answer, or a HEAD that does not announce one).
     if !reply.streamed && !parts.headers.contains_key("x-scripted-no-length") {

@@ -372,12 +372,10 @@ async fn serve_intercepted(
             return;
         }
     };
-    let tunnel = Arc::new(relay::Tunnel::new(
-        proxy.clone(),
-        target,
-        Some(intercepted),
-        http::uri::Scheme::HTTPS,
-    ));
+    let tunnel = relay::Tunnel::new(proxy.clone(), target, Some(intercepted), http::uri::Scheme::HTTPS);
+    // ALPN decides the client's protocol; without it (or with `http/1.1`) the client speaks HTTP/1.1.
+    let http2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let tunnel = Arc::new(if http2 { tunnel } else { tunnel.with_own_connection() });
     // The decrypted connection is watched as a base-URL connection is (idle, stalled bodies, shutdown).
     let activity = super::limits::ConnActivity::new();
     let service_activity = activity.clone();

@@ -16,6 +16,7 @@ use super::super::tap::{RequestBody, TapBody};
 use super::super::{ExchangeHead, Proxy, ProxyBody, ProxyError, exchange_meta};
 use super::Target;
 use super::hosts::Intercepted;
+use super::upstream::TunnelUpstream;
 use super::websocket;
 use crate::capture::now_micros;
 
@@ -32,6 +33,8 @@ pub struct Tunnel {
     intercepted: Option<Intercepted>,
     /// `https` inside a CONNECT tunnel, `http` for a plain-HTTP proxy request.
     scheme: Scheme,
+    /// An HTTP/1.1 tunnel's own upstream connection (see [`TunnelUpstream`]); None: the pooled client.
+    own: Option<TunnelUpstream>,
 }
 
 impl Tunnel {
@@ -59,7 +62,20 @@ impl Tunnel {
             session: target.session,
             intercepted,
             scheme,
+            own: None,
         }
+    }
+
+    /// Requests go over one upstream connection of the tunnel's own: its client speaks HTTP/1.1, one request
+    /// at a time.
+    pub fn with_own_connection(mut self) -> Tunnel {
+        self.own = Some(
+            self.proxy
+                .intercept
+                .clients
+                .tunnel_upstream(&self.host, &self.authority),
+        );
+        self
     }
 
     pub async fn handle(&self, req: Request<ClientBody<Incoming>>) -> Response<ProxyBody> {
@@ -130,14 +146,27 @@ impl Tunnel {
             _ => (TapBody::new(RequestBody::new(body, None), None), None),
         };
 
-        parts.uri = uri;
         parts.version = http::Version::HTTP_11;
-        // `host` goes too: the client library sets it from the URI, whose authority is the one the client
-        // connected to (and named in its own `Host`).
+        // `host` goes too, and is set again from the authority the client connected to (and named in its own
+        // `Host`): by hyper's pooled client from the URI, here for the tunnel's own connection.
         upstream_request_headers(&mut parts.headers);
-        let upstream_req = Request::from_parts(parts, body);
-
-        let sent = clients.for_host(&self.host).request(upstream_req);
-        proxy.await_upstream(pending, head_request, sent).await
+        match &self.own {
+            Some(own) => {
+                // On a connection of its own the request line is the origin form, as the client sent it.
+                let mut origin = http::uri::Parts::default();
+                origin.path_and_query = uri.path_and_query().cloned();
+                parts.uri = Uri::from_parts(origin).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
+                if let Ok(host) = HeaderValue::from_str(self.authority.as_str()) {
+                    parts.headers.insert(header::HOST, host);
+                }
+                let sent = own.send(Request::from_parts(parts, body));
+                proxy.await_upstream(pending, head_request, sent).await
+            }
+            None => {
+                parts.uri = uri;
+                let sent = clients.for_host(&self.host).request(Request::from_parts(parts, body));
+                proxy.await_upstream(pending, head_request, sent).await
+            }
+        }
     }
 }

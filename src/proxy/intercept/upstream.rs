@@ -1,16 +1,25 @@
-//! The upstream side of an intercepted connection: a pooled client over rustls to the real host (public roots
-//! plus `[forward] ca_file`, or a configured upstream's `ca_file` for its host), with `[forward] resolve`
-//! applied beneath name resolution, so SNI, `Host` and certificate checks keep the host's name.
+//! The upstream side of an intercepted connection, over rustls to the real host (public roots plus
+//! `[forward] ca_file`, or a configured upstream's `ca_file` for its host), with `[forward] resolve` applied
+//! beneath name resolution, so SNI, `Host` and certificate checks keep the host's name.
+//!
+//! A tunnel whose client speaks HTTP/1.1 gets one upstream connection of its own ([`TunnelUpstream`]): the
+//! agent's connections are mirrored one for one (the real host sees the connection pattern it would see
+//! without llmtap), and a request skips the shared pool's lock, key and bookkeeping. An HTTP/2 tunnel
+//! multiplexes, and a plain-HTTP proxy request has no tunnel: both use the pooled clients.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -78,17 +87,26 @@ pub struct InterceptClients {
     by_host: FxHashMap<String, Pair>,
 }
 
-/// The client for requests (HTTP/2 or HTTP/1.1 by ALPN), and an HTTP/1.1-only one for WebSocket upgrades
-/// (an upgrade cannot ride an HTTP/2 connection the pool might pick).
+/// The client for requests (HTTP/2 or HTTP/1.1 by ALPN), an HTTP/1.1-only one for WebSocket upgrades (an
+/// upgrade cannot ride an HTTP/2 connection the pool might pick), and the HTTP/1.1-only connector a tunnel's
+/// own connection is dialled with.
 struct Pair {
     requests: InterceptClient,
     upgrades: InterceptClient,
+    http1: Connector,
+    /// Connections closed tunnels left, for the next tunnels dialled with `http1`.
+    lent: Arc<Lent<Body>>,
 }
 
+type Connector = HttpsConnector<HttpConnector<Resolver>>;
+
 fn pair(ca_file: Option<&Path>, resolver: &Resolver) -> Result<Pair, TlsSetupError> {
+    let http1 = connector(ca_file, resolver, false)?;
     Ok(Pair {
-        requests: client(ca_file, resolver, true)?,
-        upgrades: client(ca_file, resolver, false)?,
+        requests: pooled(connector(ca_file, resolver, true)?),
+        upgrades: pooled(http1.clone()),
+        http1,
+        lent: Arc::new(Lent::default()),
     })
 }
 
@@ -111,9 +129,20 @@ impl InterceptClients {
     pub fn websocket_for(&self, host: &str) -> &InterceptClient {
         &self.by_host.get(host).unwrap_or(&self.default).upgrades
     }
+
+    /// A connection of its own for an HTTP/1.1 tunnel to `host`, dialled at `authority` on its first request.
+    pub fn tunnel_upstream(&self, host: &str, authority: &Authority) -> TunnelUpstream {
+        let pair = self.by_host.get(host).unwrap_or(&self.default);
+        TunnelUpstream {
+            connector: pair.http1.clone(),
+            lent: pair.lent.clone(),
+            authority: authority.clone(),
+            sender: Mutex::new(None),
+        }
+    }
 }
 
-fn client(ca_file: Option<&Path>, resolver: &Resolver, http2: bool) -> Result<InterceptClient, TlsSetupError> {
+fn connector(ca_file: Option<&Path>, resolver: &Resolver, http2: bool) -> Result<Connector, TlsSetupError> {
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .map_err(TlsSetupError::Protocols)?
@@ -127,13 +156,290 @@ fn client(ca_file: Option<&Path>, resolver: &Resolver, http2: bool) -> Result<In
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1();
-    let https = if http2 {
+    Ok(if http2 {
         builder.enable_http2().wrap_connector(http)
     } else {
         builder.wrap_connector(http)
-    };
-    Ok(Client::builder(TokioExecutor::new())
+    })
+}
+
+fn pooled(connector: Connector) -> InterceptClient {
+    Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(256)
-        .build(https))
+        .build(connector)
+}
+
+/// Why a tunnel's own connection could not carry a request.
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelUpstreamError {
+    #[error("cannot connect to {authority}")]
+    Connect {
+        authority: Authority,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("HTTP/1.1 handshake with {authority} failed")]
+    Handshake {
+        authority: Authority,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("request to {authority} failed")]
+    Send {
+        authority: Authority,
+        #[source]
+        source: hyper::Error,
+    },
+}
+
+type Body = TapBody<RequestBody>;
+
+/// The upstream connection of one HTTP/1.1 tunnel: dialled on the tunnel's first request, used for each of its
+/// requests in turn (an HTTP/1.1 client sends the next one only after the last response), dialled again when
+/// the upstream has closed it. It closes when the tunnel does (the sender goes with the tunnel, and hyper ends
+/// an idle connection nobody can send on).
+pub struct TunnelUpstream {
+    connector: Connector,
+    lent: Arc<Lent<Body>>,
+    /// Where the connection goes: the CONNECT target (`host`, or `host:port` off 443).
+    authority: Authority,
+    /// The idle connection's sender; taken by a request while it is sent. A lock per request, never contended
+    /// (one request at a time), and never held across an await.
+    sender: Mutex<Option<http1::SendRequest<Body>>>,
+}
+
+impl TunnelUpstream {
+    /// Sends `req` (origin-form URI, `Host` set) and waits for the response head. A request the connection
+    /// closed under before it was written (the upstream ended an idle keep-alive connection at that moment) is
+    /// sent once more on a new connection, as hyper's pooled client does; one that went out is not repeated.
+    pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, TunnelUpstreamError> {
+        let mut retried = false;
+        loop {
+            let idle = self
+                .sender
+                .lock()
+                .ok()
+                .and_then(|mut s| s.take())
+                .or_else(|| self.lent.take(&self.authority));
+            let mut sender = match idle {
+                Some(mut s) => match s.ready().await {
+                    Ok(()) => s,
+                    Err(_) => self.connect().await?,
+                },
+                None => self.connect().await?,
+            };
+            let response = sender.try_send_request(req);
+            if let Ok(mut slot) = self.sender.lock() {
+                *slot = Some(sender);
+            }
+            match response.await {
+                Ok(resp) => return Ok(resp),
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) if !retried => {
+                        retried = true;
+                        req = unsent;
+                    }
+                    _ => {
+                        return Err(TunnelUpstreamError::Send {
+                            authority: self.authority.clone(),
+                            source: e.into_error(),
+                        });
+                    }
+                },
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<http1::SendRequest<Body>, TunnelUpstreamError> {
+        let authority = &self.authority;
+        let uri = Uri::builder()
+            .scheme(Scheme::HTTPS)
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| TunnelUpstreamError::Connect {
+                authority: authority.clone(),
+                source: Box::new(e),
+            })?;
+        let mut connector = self.connector.clone();
+        let connected = async {
+            std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
+            connector.call(uri).await
+        };
+        let io = connected.await.map_err(|source| TunnelUpstreamError::Connect {
+            authority: authority.clone(),
+            source,
+        })?;
+        let (mut sender, conn) =
+            http1::Builder::new()
+                .handshake(io)
+                .await
+                .map_err(|source| TunnelUpstreamError::Handshake {
+                    authority: authority.clone(),
+                    source,
+                })?;
+        tokio::spawn(async move {
+            if let Err(error) = conn.await {
+                tracing::debug!(%error, "Upstream connection of a tunnel ended with an error");
+            }
+        });
+        // A new connection is ready once its handshake is done; this only notices one closed at once.
+        sender.ready().await.map_err(|source| TunnelUpstreamError::Send {
+            authority: authority.clone(),
+            source,
+        })?;
+        Ok(sender)
+    }
+}
+
+impl Drop for TunnelUpstream {
+    /// The tunnel is over: its connection, idle and open, waits for the next tunnel to the host.
+    fn drop(&mut self) {
+        if let Some(sender) = self.sender.get_mut().ok().and_then(Option::take) {
+            self.lent.give(self.authority.clone(), sender);
+        }
+    }
+}
+
+/// How long a lent connection may wait for a tunnel, and how many wait per host (as the pooled clients).
+const LENT_IDLE: Duration = Duration::from_secs(90);
+const LENT_PER_HOST: usize = 256;
+
+/// Idle upstream connections that closed tunnels left, by authority: a new tunnel takes one instead of dialling
+/// (a TLS handshake to the host per client connection would make new connections cost twice what they cost
+/// nginx, whose upstream keep-alive pool they share). Each connection's task keeps running while it waits, so
+/// one the host closes is seen as closed and skipped. One that outlives [`LENT_IDLE`] is dropped at the next
+/// take or give for its host (or when the host closes it).
+pub struct Lent<B> {
+    idle: Mutex<FxHashMap<Authority, Vec<Waiting<B>>>>,
+}
+
+/// A lent connection's sender, and since when it waits.
+type Waiting<B> = (http1::SendRequest<B>, Instant);
+
+impl<B> Default for Lent<B> {
+    fn default() -> Self {
+        Lent {
+            idle: Mutex::new(FxHashMap::default()),
+        }
+    }
+}
+
+impl<B> Lent<B> {
+    fn take(&self, authority: &Authority) -> Option<http1::SendRequest<B>> {
+        let mut idle = self.idle.lock().ok()?;
+        let waiting = idle.get_mut(authority)?;
+        while let Some((sender, since)) = waiting.pop() {
+            if !sender.is_closed() && since.elapsed() < LENT_IDLE {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    /// Keeps `sender` if its connection is open and idle (a tunnel whose client left in the middle of a response
+    /// leaves a connection hyper will close).
+    fn give(&self, authority: Authority, mut sender: http1::SendRequest<B>) {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if !matches!(sender.poll_ready(&mut cx), Poll::Ready(Ok(()))) {
+            return;
+        }
+        let Ok(mut idle) = self.idle.lock() else { return };
+        let waiting = idle.entry(authority).or_default();
+        waiting.retain(|(s, since)| !s.is_closed() && since.elapsed() < LENT_IDLE);
+        if waiting.len() < LENT_PER_HOST {
+            waiting.push((sender, Instant::now()));
+        }
+    }
+
+    #[cfg(test)]
+    fn waiting(&self, authority: &Authority) -> usize {
+        self.idle
+            .lock()
+            .map(|i| i.get(authority).map_or(0, Vec::len))
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::TokioIo;
+
+    type TestBody = Full<Bytes>;
+
+    /// A client connection to an in-memory HTTP/1.1 server answering `ok` (and closing the connection after
+    /// answering a request that says `x-close`), its connection task running.
+    async fn connection() -> http1::SendRequest<TestBody> {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                // `x-endless`: a body that never ends (the connection stays busy).
+                let body = if req.headers().contains_key("x-endless") {
+                    let endless = futures_util::stream::pending::<Result<hyper::body::Frame<Bytes>, Infallible>>();
+                    http_body_util::StreamBody::new(endless).boxed()
+                } else {
+                    Full::new(Bytes::from_static(b"ok")).boxed()
+                };
+                let mut resp = Response::new(body);
+                if req.headers().contains_key("x-close") {
+                    resp.headers_mut()
+                        .insert("connection", http::HeaderValue::from_static("close"));
+                }
+                Ok::<_, Infallible>(resp)
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(server), service)
+                .await;
+        });
+        let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(client)).await.unwrap();
+        tokio::spawn(conn);
+        sender
+    }
+
+    fn request(header: Option<&'static str>) -> Request<TestBody> {
+        let mut req = Request::get("/").header("host", "api.example.com");
+        if let Some(name) = header {
+            req = req.header(name, "1");
+        }
+        req.body(Full::new(Bytes::new())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_idle_open_connection_is_lent_to_the_next_tunnel_and_a_closed_or_busy_one_is_not() {
+        let lent = Lent::default();
+        let host = Authority::from_static("api.example.com");
+        let other = Authority::from_static("other.example.com");
+
+        let mut sender = connection().await;
+        sender.ready().await.unwrap();
+        lent.give(host.clone(), sender);
+        assert_eq!(lent.waiting(&host), 1);
+        assert!(lent.take(&other).is_none(), "lent by host");
+        let mut again = lent.take(&host).expect("the idle connection is lent");
+        assert!(lent.take(&host).is_none());
+
+        // It still carries requests; once the server has closed it, it is not kept.
+        let resp = again.send_request(request(None)).await.unwrap();
+        assert_eq!(resp.into_body().collect().await.unwrap().to_bytes().as_ref(), b"ok");
+        again.ready().await.unwrap();
+        let resp = again.send_request(request(Some("x-close"))).await.unwrap();
+        resp.into_body().collect().await.unwrap();
+        assert!(again.ready().await.is_err(), "the server closed it");
+        lent.give(host.clone(), again);
+        assert_eq!(lent.waiting(&host), 0, "a closed connection is not kept");
+
+        // A connection whose response is still being read is busy: not kept.
+        let mut busy = connection().await;
+        busy.ready().await.unwrap();
+        let resp = busy.send_request(request(Some("x-endless"))).await.unwrap();
+        lent.give(host.clone(), busy);
+        assert_eq!(lent.waiting(&host), 0, "a busy connection is not kept");
+        drop(resp);
+    }
 }
