@@ -823,9 +823,7 @@ impl Nginx {
         let _ = nginx.child.kill();
         None
     }
-}
 
-impl Nginx {
     /// The master's pid and its workers'.
     pub(super) fn pids(&self) -> Vec<u32> {
         let master = self.child.id();

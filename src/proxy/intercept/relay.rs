@@ -146,25 +146,20 @@ impl Tunnel {
             _ => (TapBody::new(RequestBody::new(body, None), None), None),
         };
 
+        parts.uri = uri;
         parts.version = http::Version::HTTP_11;
         // `host` goes too, and is set again from the authority the client connected to (and named in its own
-        // `Host`): by hyper's pooled client from the URI, here for the tunnel's own connection.
+        // `Host`): by hyper's pooled client from the URI, by the tunnel's own connection from its authority.
         upstream_request_headers(&mut parts.headers);
+        let upstream_req = Request::from_parts(parts, body);
         match &self.own {
             Some(own) => {
-                // On a connection of its own the request line is the origin form, as the client sent it.
-                let mut origin = http::uri::Parts::default();
-                origin.path_and_query = uri.path_and_query().cloned();
-                parts.uri = Uri::from_parts(origin).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
-                if let Ok(host) = HeaderValue::from_str(self.authority.as_str()) {
-                    parts.headers.insert(header::HOST, host);
-                }
-                let sent = own.send(Request::from_parts(parts, body));
-                proxy.await_upstream(pending, head_request, sent).await
+                proxy
+                    .await_upstream(pending, head_request, own.send(upstream_req))
+                    .await
             }
             None => {
-                parts.uri = uri;
-                let sent = clients.for_host(&self.host).request(Request::from_parts(parts, body));
+                let sent = clients.for_host(&self.host).request(upstream_req);
                 proxy.await_upstream(pending, head_request, sent).await
             }
         }

@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use http::uri::{Authority, Scheme};
-use http::{Request, Response, Uri};
+use http::{HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_rustls::HttpsConnector;
@@ -95,7 +95,7 @@ struct Pair {
     upgrades: InterceptClient,
     http1: Connector,
     /// Connections closed tunnels left, for the next tunnels dialled with `http1`.
-    lent: Arc<Lent<Body>>,
+    lent: Arc<Lent<TunnelBody>>,
 }
 
 type Connector = HttpsConnector<HttpConnector<Resolver>>;
@@ -137,6 +137,7 @@ impl InterceptClients {
             connector: pair.http1.clone(),
             lent: pair.lent.clone(),
             authority: authority.clone(),
+            host: HeaderValue::from_str(authority.as_str()).ok(),
             sender: Mutex::new(None),
         }
     }
@@ -193,7 +194,7 @@ pub enum TunnelUpstreamError {
     },
 }
 
-type Body = TapBody<RequestBody>;
+type TunnelBody = TapBody<RequestBody>;
 
 /// The upstream connection of one HTTP/1.1 tunnel: dialled on the tunnel's first request, used for each of its
 /// requests in turn (an HTTP/1.1 client sends the next one only after the last response), dialled again when
@@ -201,19 +202,28 @@ type Body = TapBody<RequestBody>;
 /// an idle connection nobody can send on).
 pub struct TunnelUpstream {
     connector: Connector,
-    lent: Arc<Lent<Body>>,
+    lent: Arc<Lent<TunnelBody>>,
     /// Where the connection goes: the CONNECT target (`host`, or `host:port` off 443).
     authority: Authority,
+    /// `authority` as the requests' `Host`, made once per tunnel.
+    host: Option<HeaderValue>,
     /// The idle connection's sender; taken by a request while it is sent. A lock per request, never contended
     /// (one request at a time), and never held across an await.
-    sender: Mutex<Option<http1::SendRequest<Body>>>,
+    sender: Mutex<Option<http1::SendRequest<TunnelBody>>>,
 }
 
 impl TunnelUpstream {
-    /// Sends `req` (origin-form URI, `Host` set) and waits for the response head. A request the connection
-    /// closed under before it was written (the upstream ended an idle keep-alive connection at that moment) is
-    /// sent once more on a new connection, as hyper's pooled client does; one that went out is not repeated.
-    pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, TunnelUpstreamError> {
+    /// Sends `req` (its URI absolute, as for the pooled client) and waits for the response head. On a connection
+    /// of its own the request line is the origin form, and `Host` the tunnel's authority, as the client sent
+    /// them. A request the connection closed under before it was written (the upstream ended an idle keep-alive
+    /// connection at that moment) is sent once more on a new connection, as hyper's pooled client does; one
+    /// that went out is not repeated.
+    pub async fn send(&self, mut req: Request<TunnelBody>) -> Result<Response<Incoming>, TunnelUpstreamError> {
+        let path = req.uri().path_and_query().cloned();
+        *req.uri_mut() = path.map_or_else(|| Uri::from_static("/"), Uri::from);
+        if let Some(host) = &self.host {
+            req.headers_mut().insert(http::header::HOST, host.clone());
+        }
         let mut retried = false;
         loop {
             let idle = self
@@ -251,7 +261,7 @@ impl TunnelUpstream {
         }
     }
 
-    async fn connect(&self) -> Result<http1::SendRequest<Body>, TunnelUpstreamError> {
+    async fn connect(&self) -> Result<http1::SendRequest<TunnelBody>, TunnelUpstreamError> {
         let authority = &self.authority;
         let uri = Uri::builder()
             .scheme(Scheme::HTTPS)
