@@ -289,6 +289,9 @@ impl TunnelUpstream {
                     authority: authority.clone(),
                     source,
                 })?;
+        // A task of its own, though each exchange crosses between it and the tunnel's task a few times: polling
+        // the connection from the tunnel's task instead (one waker for both sides, as nginx's one loop) was
+        // measured to cost more CPU per exchange in the forward benchmark (+9% to +25% against this).
         tokio::spawn(async move {
             if let Err(error) = conn.await {
                 tracing::debug!(%error, "Upstream connection of a tunnel ended with an error");
