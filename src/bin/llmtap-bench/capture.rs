@@ -353,6 +353,12 @@ fn thread_cpu_us(name: &str) -> u64 {
     cpu.get(name) + cpu.get(&format!("{name} (background)"))
 }
 
+/// The fields of a `/proc/<pid>/stat` (or task `stat`) line after the command name, which may itself hold
+/// spaces and parentheses: the 1st is the state, the 2nd the parent's pid.
+pub fn stat_fields(stat: &str) -> impl Iterator<Item = &str> {
+    stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace()
+}
+
 /// CPU time (user + system, µs) of a process's threads by role: the thread's name, with ` (background)` added
 /// for a thread at `SCHED_IDLE`. llmtap's tokio threads share one name; its proxy workers run at normal
 /// priority and its blocking-pool threads (the exporter's store reads) at `SCHED_IDLE`, so the suffix tells
@@ -383,12 +389,8 @@ impl ThreadCpu {
             ) else {
                 continue;
             };
-            // Fields after the command name's closing parenthesis: utime and stime are the 12th and 13th,
-            // the scheduling policy the 39th.
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                continue;
-            };
-            let fields: Vec<u64> = rest.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
+            // utime and stime are the 12th and 13th fields after the command name, the scheduling policy the 39th.
+            let fields: Vec<u64> = stat_fields(&stat).map(|f| f.parse().unwrap_or(0)).collect();
             let (Some(utime), Some(stime)) = (fields.get(11), fields.get(12)) else {
                 continue;
             };
@@ -410,17 +412,30 @@ impl ThreadCpu {
         self.0.values().sum()
     }
 
-    /// "role µs, ..." per `per` exchanges, for every role that used CPU since `before`.
-    pub fn per_exchange_since(&self, before: &ThreadCpu, per: f64) -> String {
+    /// The CPU each role used since `before`.
+    pub fn since(&self, before: &ThreadCpu) -> ThreadCpu {
+        ThreadCpu(
+            self.0
+                .iter()
+                .map(|(role, &now)| (role.clone(), now.saturating_sub(before.get(role))))
+                .collect(),
+        )
+    }
+
+    /// "role µs, ..." per `per` exchanges, for every role that used CPU.
+    pub fn per_exchange(&self, per: f64) -> String {
         let per = per.max(1.0);
         self.0
             .iter()
-            .filter_map(|(role, &now)| {
-                let used = now.saturating_sub(before.get(role));
-                (used > 0).then(|| format!("{role} {:.1} µs", used as f64 / per))
-            })
+            .filter(|(_, used)| **used > 0)
+            .map(|(role, &used)| format!("{role} {:.1} µs", used as f64 / per))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// "role µs, ..." per `per` exchanges, for every role that used CPU since `before`.
+    pub fn per_exchange_since(&self, before: &ThreadCpu, per: f64) -> String {
+        self.since(before).per_exchange(per)
     }
 }
 

@@ -73,6 +73,11 @@ impl Target {
         self
     }
 
+    /// A capture-on llmtap's CPU so far, by thread.
+    fn capture_threads(&self) -> Option<ThreadCpu> {
+        self.capture.map(|(_, pid)| ThreadCpu::of(&pid.to_string()))
+    }
+
     /// CPU time (user and system, µs) the target's processes have used so far.
     fn cpu_us(&self) -> u64 {
         self.pids.iter().map(|p| ThreadCpu::of(&p.to_string()).total()).sum()
@@ -444,24 +449,21 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
         // whatever else shares them.
         let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
         // A capture-on llmtap's CPU by thread over all its rounds, and its exchanges: where the extra goes.
-        let mut roles: Vec<Option<(ThreadCpu, ThreadCpu, f64)>> = vec![None; targets.len()];
+        let mut roles: Vec<(ThreadCpu, f64)> = vec![Default::default(); targets.len()];
         for round in 0..rounds {
             for k in 0..targets.len() {
                 let i = (round + k) % targets.len();
                 let t = &targets[i];
                 let tls = new_conns.then_some(&fresh[i]);
-                let threads = |t: &Target| t.capture.map(|(_, pid)| ThreadCpu::of(&pid.to_string()));
-                let (before, threads_before, started) = (t.cpu_us(), threads(t), Instant::now());
+                let (before, threads_before, started) = (t.cpu_us(), t.capture_threads(), Instant::now());
                 let rate = rt.block_on(closed_loop(t, conns, secs, tls));
                 let exchanges = rate * started.elapsed().as_secs_f64();
                 if !t.pids.is_empty() && exchanges > 0.0 {
                     cpu[i].push(t.cpu_us().saturating_sub(before) as f64 / exchanges);
                 }
-                if let (Some(b), Some(a)) = (threads_before, threads(t)) {
-                    let sum = roles[i].get_or_insert_with(|| (ThreadCpu::default(), ThreadCpu::default(), 0.0));
-                    sum.0.add(&b);
-                    sum.1.add(&a);
-                    sum.2 += exchanges;
+                if let (Some(b), Some(a)) = (threads_before, t.capture_threads()) {
+                    roles[i].0.add(&a.since(&b));
+                    roles[i].1 += exchanges;
                 }
                 rates[i].push(rate);
                 settle(t);
@@ -509,8 +511,9 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
                 t.name,
                 fmt_rate(medians[i])
             );
-            if let Some((before, after, exchanges)) = &roles[i] {
-                println!("      by thread: {}", after.per_exchange_since(before, *exchanges));
+            let (used, exchanges) = &roles[i];
+            if *exchanges > 0.0 {
+                println!("      by thread: {}", used.per_exchange(*exchanges));
             }
         }
     }

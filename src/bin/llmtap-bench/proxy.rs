@@ -832,13 +832,9 @@ impl Nginx {
             let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
                 continue;
             };
-            // The parent's pid is the second field after the command name's closing parenthesis.
             let parent = std::fs::read_to_string(entry.path().join("stat"))
                 .ok()
-                .and_then(|stat| {
-                    let (_, rest) = stat.rsplit_once(')')?;
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                });
+                .and_then(|stat| super::capture::stat_fields(&stat).nth(1)?.parse::<u32>().ok());
             if parent == Some(master) {
                 pids.push(pid);
             }

@@ -2,9 +2,9 @@
 //! `[forward] ca_file`, or a configured upstream's `ca_file` for its host), with `[forward] resolve` applied
 //! beneath name resolution, so SNI, `Host` and certificate checks keep the host's name.
 //!
-//! A tunnel whose client speaks HTTP/1.1 gets one upstream connection of its own ([`TunnelUpstream`]): the
-//! agent's connections are mirrored one for one (the real host sees the connection pattern it would see
-//! without llmtap), and a request skips the shared pool's lock, key and bookkeeping. An HTTP/2 tunnel
+//! A tunnel whose client speaks HTTP/1.1 holds one upstream connection while it is open ([`TunnelUpstream`]):
+//! each open agent connection has one to the real host (the pattern the host would see without llmtap), and a
+//! request skips the shared pool's lock, key and bookkeeping. An HTTP/2 tunnel
 //! multiplexes, and a plain-HTTP proxy request has no tunnel: both use the pooled clients.
 
 use std::collections::BTreeMap;
@@ -198,8 +198,8 @@ type TunnelBody = TapBody<RequestBody>;
 
 /// The upstream connection of one HTTP/1.1 tunnel: dialled on the tunnel's first request, used for each of its
 /// requests in turn (an HTTP/1.1 client sends the next one only after the last response), dialled again when
-/// the upstream has closed it. It closes when the tunnel does (the sender goes with the tunnel, and hyper ends
-/// an idle connection nobody can send on).
+/// the upstream has closed it. When the tunnel ends, the connection, if idle and open, is lent to the next tunnel
+/// to the host (see [`Lent`]); otherwise it closes (hyper ends a connection nobody can send on).
 pub struct TunnelUpstream {
     connector: Connector,
     lent: Arc<Lent<TunnelBody>>,
