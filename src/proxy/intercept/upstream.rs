@@ -318,14 +318,23 @@ impl Drop for TunnelUpstream {
 /// How long a lent connection may wait for a tunnel, and how many wait per host (as the pooled clients).
 const LENT_IDLE: Duration = Duration::from_secs(90);
 const LENT_PER_HOST: usize = 256;
+/// How often the reaper closes lent connections that have waited [`LENT_IDLE`]: one waits at most this much
+/// longer.
+const REAP_EVERY: Duration = Duration::from_secs(30);
 
 /// Idle upstream connections that closed tunnels left, by authority: a new tunnel takes one instead of dialling
 /// (a TLS handshake to the host per client connection would make new connections cost twice what they cost
 /// nginx, whose upstream keep-alive pool they share). Each connection's task keeps running while it waits, so
-/// one the host closes is seen as closed and skipped. One that outlives [`LENT_IDLE`] is dropped at the next
-/// take or give for its host (or when the host closes it).
+/// one the host closes is seen as closed and skipped. One that has waited [`LENT_IDLE`] is never lent; the
+/// reaper (a task started with the first connection lent) closes it within [`REAP_EVERY`], so that connections
+/// to a host no tunnel goes to any more do not stay open (a host that keeps idle connections open would keep
+/// up to [`LENT_PER_HOST`] sockets and their TLS state for the life of the process).
 pub struct Lent<B> {
     idle: Mutex<FxHashMap<Authority, Vec<Waiting<B>>>>,
+    reaper: std::sync::Once,
+    /// [`LENT_IDLE`] and [`REAP_EVERY`] (shorter in tests).
+    max_wait: Duration,
+    reap_every: Duration,
 }
 
 /// A lent connection's sender, and since when it waits.
@@ -333,19 +342,33 @@ type Waiting<B> = (http1::SendRequest<B>, Instant);
 
 impl<B> Default for Lent<B> {
     fn default() -> Self {
-        Lent {
-            idle: Mutex::new(FxHashMap::default()),
-        }
+        Lent::with_times(LENT_IDLE, REAP_EVERY)
     }
 }
 
 impl<B> Lent<B> {
+    fn with_times(max_wait: Duration, reap_every: Duration) -> Lent<B> {
+        Lent {
+            idle: Mutex::new(FxHashMap::default()),
+            reaper: std::sync::Once::new(),
+            max_wait,
+            reap_every,
+        }
+    }
+
+    fn expired(&self, (sender, since): &Waiting<B>, now: Instant) -> bool {
+        sender.is_closed() || now.saturating_duration_since(*since) >= self.max_wait
+    }
+}
+
+impl<B: Send + 'static> Lent<B> {
     fn take(&self, authority: &Authority) -> Option<http1::SendRequest<B>> {
         let mut idle = self.idle.lock().ok()?;
         let waiting = idle.get_mut(authority)?;
-        while let Some((sender, since)) = waiting.pop() {
-            if !sender.is_closed() && since.elapsed() < LENT_IDLE {
-                return Some(sender);
+        let now = Instant::now();
+        while let Some(entry) = waiting.pop() {
+            if !self.expired(&entry, now) {
+                return Some(entry.0);
             }
         }
         None
@@ -353,17 +376,61 @@ impl<B> Lent<B> {
 
     /// Keeps `sender` if its connection is open and idle (a tunnel whose client left in the middle of a response
     /// leaves a connection hyper will close).
-    fn give(&self, authority: Authority, mut sender: http1::SendRequest<B>) {
+    fn give(self: &Arc<Self>, authority: Authority, mut sender: http1::SendRequest<B>) {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         if !matches!(sender.poll_ready(&mut cx), Poll::Ready(Ok(()))) {
             return;
         }
+        self.start_reaper();
         let Ok(mut idle) = self.idle.lock() else { return };
+        let now = Instant::now();
         let waiting = idle.entry(authority).or_default();
-        waiting.retain(|(s, since)| !s.is_closed() && since.elapsed() < LENT_IDLE);
+        waiting.retain(|entry| !self.expired(entry, now));
         if waiting.len() < LENT_PER_HOST {
-            waiting.push((sender, Instant::now()));
+            waiting.push((sender, now));
         }
+    }
+
+    /// Drops every lent connection that is closed or has waited [`LENT_IDLE`] by `now` (hyper then closes a
+    /// connection nobody can send on), and the hosts left with none.
+    fn reap(&self, now: Instant) {
+        // Dropped after the lock is released: closing is hyper's work, not the lock holder's.
+        let mut gone = Vec::new();
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.retain(|_, waiting| {
+                let (old, kept): (Vec<_>, Vec<_>) = waiting.drain(..).partition(|entry| self.expired(entry, now));
+                gone.extend(old);
+                *waiting = kept;
+                !waiting.is_empty()
+            });
+        }
+        drop(gone);
+    }
+
+    /// The reaper runs while the clients that own this `Lent` do (it holds it weakly), on the runtime of the
+    /// first tunnel that lent a connection. Outside a runtime (never the case for a tunnel) nothing is reaped
+    /// but expired connections are still never lent.
+    fn start_reaper(self: &Arc<Self>) {
+        self.reaper.call_once(|| {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            let lent = Arc::downgrade(self);
+            runtime.spawn(async move {
+                let Some(every) = lent.upgrade().map(|l| l.reap_every) else {
+                    return;
+                };
+                let mut ticks = tokio::time::interval(every);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    ticks.tick().await;
+                    match lent.upgrade() {
+                        Some(lent) => lent.reap(Instant::now()),
+                        None => return,
+                    }
+                }
+            });
+        });
     }
 
     #[cfg(test)]
@@ -389,8 +456,13 @@ mod tests {
     /// A client connection to an in-memory HTTP/1.1 server answering `ok` (and closing the connection after
     /// answering a request that says `x-close`), its connection task running.
     async fn connection() -> http1::SendRequest<TestBody> {
+        connection_and_server().await.0
+    }
+
+    /// [`connection`], and the server's task: it ends when the connection is closed.
+    async fn connection_and_server() -> (http1::SendRequest<TestBody>, tokio::task::JoinHandle<()>) {
         let (client, server) = tokio::io::duplex(64 * 1024);
-        tokio::spawn(async move {
+        let served = tokio::spawn(async move {
             let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
                 // `x-endless`: a body that never ends (the connection stays busy).
                 let body = if req.headers().contains_key("x-endless") {
@@ -412,7 +484,7 @@ mod tests {
         });
         let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(client)).await.unwrap();
         tokio::spawn(conn);
-        sender
+        (sender, served)
     }
 
     fn request(header: Option<&'static str>) -> Request<TestBody> {
@@ -425,7 +497,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_idle_open_connection_is_lent_to_the_next_tunnel_and_a_closed_or_busy_one_is_not() {
-        let lent = Lent::default();
+        let lent = Arc::new(Lent::default());
         let host = Authority::from_static("api.example.com");
         let other = Authority::from_static("other.example.com");
 
@@ -454,5 +526,38 @@ mod tests {
         lent.give(host.clone(), busy);
         assert_eq!(lent.waiting(&host), 0, "a busy connection is not kept");
         drop(resp);
+    }
+
+    /// A lent connection no tunnel takes is closed by the reaper once it has waited its time, and its host is
+    /// forgotten; one that has not waited that long is kept.
+    #[tokio::test]
+    async fn the_reaper_closes_a_lent_connection_that_waited_too_long() {
+        let lent = Arc::new(Lent::with_times(Duration::from_millis(100), Duration::from_millis(20)));
+        let host = Authority::from_static("api.example.com");
+        let (mut sender, server) = connection_and_server().await;
+        sender.ready().await.unwrap();
+        lent.give(host.clone(), sender);
+        assert_eq!(lent.waiting(&host), 1);
+        // The server's side ends: the reaper let go of the sender and hyper closed the connection.
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the reaper closed the connection")
+            .expect("server task");
+        assert!(
+            lent.idle.lock().unwrap().is_empty(),
+            "a host with nothing lent is forgotten"
+        );
+
+        let lent = Lent::with_times(Duration::from_secs(90), Duration::from_secs(30));
+        let mut young = connection().await;
+        young.ready().await.unwrap();
+        lent.idle
+            .lock()
+            .unwrap()
+            .insert(host.clone(), vec![(young, Instant::now())]);
+        lent.reap(Instant::now() + Duration::from_secs(89));
+        assert_eq!(lent.waiting(&host), 1, "not waited long enough");
+        lent.reap(Instant::now() + Duration::from_secs(90));
+        assert_eq!(lent.waiting(&host), 0);
     }
 }
