@@ -394,17 +394,12 @@ impl<B: Send + 'static> Lent<B> {
     /// Drops every lent connection that is closed or has waited [`LENT_IDLE`] by `now` (hyper then closes a
     /// connection nobody can send on), and the hosts left with none.
     fn reap(&self, now: Instant) {
-        // Dropped after the lock is released: closing is hyper's work, not the lock holder's.
-        let mut gone = Vec::new();
         if let Ok(mut idle) = self.idle.lock() {
             idle.retain(|_, waiting| {
-                let (old, kept): (Vec<_>, Vec<_>) = waiting.drain(..).partition(|entry| self.expired(entry, now));
-                gone.extend(old);
-                *waiting = kept;
+                waiting.retain(|entry| !self.expired(entry, now));
                 !waiting.is_empty()
             });
         }
-        drop(gone);
     }
 
     /// The reaper runs while the clients that own this `Lent` do (it holds it weakly), on the runtime of the
@@ -415,11 +410,8 @@ impl<B: Send + 'static> Lent<B> {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return;
             };
-            let lent = Arc::downgrade(self);
+            let (lent, every) = (Arc::downgrade(self), self.reap_every);
             runtime.spawn(async move {
-                let Some(every) = lent.upgrade().map(|l| l.reap_every) else {
-                    return;
-                };
                 let mut ticks = tokio::time::interval(every);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
@@ -548,13 +540,10 @@ mod tests {
             "a host with nothing lent is forgotten"
         );
 
-        let lent = Lent::with_times(Duration::from_secs(90), Duration::from_secs(30));
+        let lent = Arc::new(Lent::with_times(Duration::from_secs(90), Duration::from_secs(30)));
         let mut young = connection().await;
         young.ready().await.unwrap();
-        lent.idle
-            .lock()
-            .unwrap()
-            .insert(host.clone(), vec![(young, Instant::now())]);
+        lent.give(host.clone(), young);
         lent.reap(Instant::now() + Duration::from_secs(89));
         assert_eq!(lent.waiting(&host), 1, "not waited long enough");
         lent.reap(Instant::now() + Duration::from_secs(90));
