@@ -412,6 +412,15 @@ impl ThreadCpu {
         self.0.values().sum()
     }
 
+    /// The CPU of every thread not at `SCHED_IDLE` (the proxy's workers and the capture spill), in µs.
+    pub fn data_path(&self) -> u64 {
+        self.0
+            .iter()
+            .filter(|(role, _)| !role.ends_with(" (background)"))
+            .map(|(_, us)| us)
+            .sum()
+    }
+
     /// The CPU each role used since `before`.
     pub fn since(&self, before: &ThreadCpu) -> ThreadCpu {
         ThreadCpu(
