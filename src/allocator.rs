@@ -63,8 +63,12 @@ pub fn release_on_tick() {
 /// Advance [`release_on_tick`]'s clock once per [`MIN_INTERVAL`] and wake every worker of the current runtime
 /// as often, so that each collects once traffic stops (its park hook runs [`release_on_tick`]). One ticking task
 /// per worker: when the timer fires on one worker, the others are woken to take their share of the ready
-/// tasks; the first task also advances the clock.
+/// tasks; the first task also advances the clock. Each runtime with hooked workers (the proxy's and the
+/// caller's) starts its own: the clock counts intervals since the first of them, so however many runtimes tick
+/// it, it moves once per interval.
 pub fn spawn_idle_wakers(workers: usize) {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
     for worker in 0..workers {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(MIN_INTERVAL);
@@ -72,7 +76,8 @@ pub fn spawn_idle_wakers(workers: usize) {
             loop {
                 tick.tick().await;
                 if worker == 0 {
-                    TICK.fetch_add(1, Ordering::Relaxed);
+                    let intervals = epoch.elapsed().as_millis() / MIN_INTERVAL.as_millis().max(1);
+                    TICK.fetch_max(u64::try_from(intervals).unwrap_or(u64::MAX), Ordering::Relaxed);
                 }
             }
         });

@@ -1,4 +1,5 @@
-//! Trajectory lifecycle through the real binary: idle close with dangling calls, warmup calls, compaction.
+//! Trajectory lifecycle through the real binary: idle close with dangling calls, warmup calls, compaction; and
+//! the process's own: the proxy's threads, shutdown.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -144,6 +145,28 @@ async fn a_compaction_call_without_a_session_header_is_linked_to_the_run_it_summ
     let groups = tap.session_groups();
     assert_eq!(groups.len(), 1, "{groups:#?}");
     assert_eq!(groups[0]["trajectories"].as_array().unwrap().len(), 2);
+}
+
+/// `[server] workers`: the data path runs on that many threads of its own (`llmtap-proxy`), one by default,
+/// and captures through them. (Name resolution would add blocking threads of the same name: the upstream is an
+/// IP address.)
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_path_runs_on_server_workers_threads_of_its_own() {
+    let up = Upstream::start(ReplayOptions::default()).await;
+    let f = fixture("anthropic_messages/pydantic-ai__parallel_tool_use/00");
+    for (extra, workers) in [("", 1), ("[server]\nworkers = 3\n", 3)] {
+        let dir = tempfile::tempdir().unwrap();
+        let tap = Llmtap::start(&upstream_config(&up, extra), dir.path());
+        assert_eq!(send_fixture(&client(), &tap, &f, &[]).await.status, 200);
+        tap.wait_for_traces(1);
+        let proxy_threads = std::fs::read_dir(format!("/proc/{}/task", tap.pid()))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == "llmtap-proxy")
+            .count();
+        assert_eq!(proxy_threads, workers, "config {extra:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

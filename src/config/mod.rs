@@ -312,6 +312,7 @@ mod tests {
         assert!(err.contains("upstreams.metrics"), "{err}");
         for (toml, key) in [
             ("[server]\nidle_timeout_secs = 0\n", "server.idle_timeout_secs"),
+            ("[server]\nworkers = 0\n", "server.workers"),
             ("[capture]\nqueue_capacity = 0\n", "capture.queue_capacity"),
             ("[api]\nlisten = \"x\"\n", "api.listen"),
             ("[store]\nurl = \"mysql://u:secret@h/db\"\n", "store.url"),

@@ -29,6 +29,11 @@ pub struct ServerConfig {
     /// kernel's backlog), like nginx's `worker_connections`.
     #[serde(deserialize_with = "at_least_one")]
     pub max_connections: usize,
+    /// Threads of the proxy's data path (its own runtime; the API, viewer and exporters run elsewhere). One
+    /// carries tens of thousands of kept-alive exchanges a second and costs least per exchange; more are for a
+    /// shared gateway that needs more than one core for traffic (see `app::proxy_runtime`).
+    #[serde(deserialize_with = "at_least_one")]
+    pub workers: usize,
     /// After SIGTERM/SIGINT, how long in-flight exchanges may take before their connections are closed
     /// (0: close them at once).
     #[serde(rename = "shutdown_grace_secs", deserialize_with = "secs")]
@@ -43,6 +48,7 @@ impl Default for ServerConfig {
             body_read_timeout: Duration::from_secs(60),
             send_timeout: Duration::from_secs(60),
             max_connections: 4096,
+            workers: 1,
             shutdown_grace: Duration::from_secs(30),
         }
     }

@@ -245,7 +245,7 @@ pub fn lossless(smoke: bool) {
             bodies[0].len()
         );
         println!(
-            "  (CPU by thread, from the step's start until its backlog is drained: tokio-rt-worker is the proxy's \
+            "  (CPU by thread, from the step's start until its backlog is drained: llmtap-proxy is the proxy's \
              workers, tokio-rt-worker (background) the exporter's store reads)"
         );
         let mut best = None;
