@@ -273,13 +273,14 @@ pub async fn run_with(config: Config, shutdown: CancellationToken, announce_to: 
     // and the caller's tasks: nothing they do can hold up a byte of traffic, and with one worker (the default)
     // an exchange's tasks, its connections and its capture stay on one thread (see `proxy_runtime`). The
     // accept loop is a task on that runtime, so a connection's task starts on the worker that accepted it.
-    let proxy_rt = proxy_runtime(config.server.workers).map_err(AppError::Thread)?;
+    let workers = config.server.workers;
+    let proxy_rt = proxy_runtime(workers).map_err(AppError::Thread)?;
     let listener = listener.into_std().map_err(|source| AppError::Listen {
         addr: config.listen,
         source,
     })?;
     let serving = proxy_rt.spawn(async move {
-        crate::allocator::spawn_idle_wakers(tokio::runtime::Handle::current().metrics().num_workers());
+        crate::allocator::spawn_idle_wakers(workers);
         match TcpListener::from_std(listener) {
             Ok(listener) => proxy.serve(listener, shutdown).await,
             Err(error) => tracing::error!(%error, "Cannot register the proxy's listener; shutting down"),

@@ -98,12 +98,10 @@ fn serve(store: StoreArgs, listen: Option<String>) -> Result<()> {
     llmtap::telemetry::init_logging(config.log_format);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        // A worker that runs out of work sends the exchanges it captured (see capture::handoff) and, now
-        // and then, gives back memory other threads freed in its pages (see allocator).
-        .on_thread_park(|| {
-            llmtap::capture::handoff::send_pending();
-            llmtap::allocator::release_on_tick();
-        })
+        // The API's and viewer's runtime (the data path has its own, `app::proxy_runtime`, which also sends
+        // what its workers captured when they park): a worker gives back, now and then, memory other threads
+        // freed in its pages (see allocator).
+        .on_thread_park(llmtap::allocator::release_on_tick)
         .build()?;
     let workers = rt.metrics().num_workers();
     let served = rt.block_on(async move {
@@ -368,10 +366,7 @@ fn run_command(store: StoreArgs, session: Option<String>, command: Vec<String>) 
     } else {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
-            .on_thread_park(|| {
-                llmtap::capture::handoff::send_pending();
-                llmtap::allocator::release_on_tick();
-            })
+            .on_thread_park(llmtap::allocator::release_on_tick)
             .build()?;
         let shutdown = CancellationToken::new();
         let (tx, rx) = tokio::sync::oneshot::channel();

@@ -114,16 +114,8 @@ async fn stalled_export_streams_do_not_starve_the_proxys_name_resolution() {
         held.push(stalled_exports(&mut api, 100).await);
     }
     // The exports run into their stalled clients: every thread of the API's blocking pool holds one.
-    let pool = format!("/proc/{}/task", tap.pid());
-    let pool_threads = || {
-        std::fs::read_dir(&pool)
-            .unwrap()
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-            .filter(|name| name.starts_with("llmtap-api-bloc"))
-            .count()
-    };
     wait::poll_until_async("the API's blocking pool to fill", Duration::from_secs(20), || {
-        pool_threads() == llmtap::api::server::MAX_BLOCKING_THREADS
+        tap.threads_named("llmtap-api-bloc") == llmtap::api::server::MAX_BLOCKING_THREADS
     })
     .await;
 

@@ -160,12 +160,7 @@ async fn the_data_path_runs_on_server_workers_threads_of_its_own() {
         let tap = Llmtap::start(&upstream_config(&up, extra), dir.path());
         assert_eq!(send_fixture(&client(), &tap, &f, &[]).await.status, 200);
         tap.wait_for_traces(1);
-        let proxy_threads = std::fs::read_dir(format!("/proc/{}/task", tap.pid()))
-            .unwrap()
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-            .filter(|name| name.trim() == "llmtap-proxy")
-            .count();
-        assert_eq!(proxy_threads, workers, "config {extra:?}");
+        assert_eq!(tap.threads_named("llmtap-proxy"), workers, "config {extra:?}");
     }
 }
 

@@ -949,6 +949,16 @@ impl Llmtap {
         self.child.as_ref().unwrap().id()
     }
 
+    /// How many of the process's threads have names starting with `prefix` (Linux: `/proc/<pid>/task`;
+    /// a thread name is cut to 15 bytes there).
+    pub fn threads_named(&self, prefix: &str) -> usize {
+        std::fs::read_dir(format!("/proc/{}/task", self.pid()))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim_end().starts_with(prefix))
+            .count()
+    }
+
     /// SIGKILL: no chance to flush anything.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

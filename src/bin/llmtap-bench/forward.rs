@@ -486,21 +486,24 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
                 settle(t);
             }
         }
-        // Each round's rate over nginx's in the same round, before the rates are sorted: the VM's speed drifts
-        // by a third between rounds but little within one, so the median of these pairs is the steadier figure.
-        let paired: Vec<Option<f64>> = (0..targets.len())
-            .map(|i| {
-                let n = nginx_i?;
-                let mut ratios: Vec<f64> = rates[i]
-                    .iter()
-                    .zip(&rates[n])
-                    .filter(|(_, n)| **n > 0.0)
-                    .map(|(r, n)| r / n)
-                    .collect();
-                ratios.sort_by(|a, b| a.total_cmp(b));
-                ratios.get(ratios.len() / 2).copied()
-            })
-            .collect();
+        // Each round's figure over nginx's in the same round (rates before they are sorted; CPU per exchange):
+        // the VM's speed drifts by a third between rounds but little within one, so the median of these pairs
+        // is the steadier figure. With new connections the CPU is the handshake's cost, which a forward proxy
+        // pays as a reverse proxy does (the rate also carries the CONNECT round trip).
+        let per_round = |per: &[Vec<f64>], i: usize| -> Option<f64> {
+            let n = nginx_i.filter(|n| *n != i && per[*n].len() == per[i].len())?;
+            let mut ratios: Vec<f64> = per[i]
+                .iter()
+                .zip(&per[n])
+                .filter(|(_, n)| **n > 0.0)
+                .map(|(r, n)| r / n)
+                .collect();
+            ratios.sort_by(|a, b| a.total_cmp(b));
+            ratios.get(ratios.len() / 2).copied()
+        };
+        let paired: Vec<Option<f64>> = (0..targets.len()).map(|i| per_round(&rates, i)).collect();
+        let cpu_paired: Vec<Option<f64>> = (0..targets.len()).map(|i| per_round(&cpu, i)).collect();
+        let data_cpu_paired: Vec<Option<f64>> = (0..targets.len()).map(|i| per_round(&data_cpu, i)).collect();
         let medians: Vec<f64> = rates
             .iter_mut()
             .map(|v| {
@@ -508,16 +511,6 @@ fn run_in(rt: &tokio::runtime::Runtime, dir: &Path, scale: &Scale, smoke: bool) 
                 v.get(v.len() / 2).copied().unwrap_or(0.0)
             })
             .collect();
-        // The same pairing for the CPU each exchange cost: with new connections this is the handshake's cost,
-        // which a forward proxy pays as a reverse proxy does (the rate also carries the CONNECT round trip).
-        let paired_cpu = |per: &[Vec<f64>], i: usize| -> Option<f64> {
-            let n = nginx_i.filter(|n| *n != i && per[*n].len() == per[i].len())?;
-            let mut ratios: Vec<f64> = per[i].iter().zip(&per[n]).map(|(c, n)| c / n).collect();
-            ratios.sort_by(|a, b| a.total_cmp(b));
-            ratios.get(ratios.len() / 2).copied()
-        };
-        let cpu_paired: Vec<Option<f64>> = (0..targets.len()).map(|i| paired_cpu(&cpu, i)).collect();
-        let data_cpu_paired: Vec<Option<f64>> = (0..targets.len()).map(|i| paired_cpu(&data_cpu, i)).collect();
         for (i, t) in targets.iter().enumerate() {
             let vs = match (nginx_i, paired[i]) {
                 (Some(n), Some(pair)) if t.name.contains("capture") && medians[n] > 0.0 => {
